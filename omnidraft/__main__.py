@@ -1,0 +1,5 @@
+import sys
+
+from omnidraft.cli import main
+
+sys.exit(main())
