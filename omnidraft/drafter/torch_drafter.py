@@ -1,0 +1,97 @@
+"""The drafter: proposes up to k drafter tokens from its own KV cache (Algorithm 1, lines 5-7).
+
+Proposals are restricted to what the bridge can translate: direct-mapped tokens, plus sub-tokens
+that start or extend an n-gram in the cache (so 'f', 'la', 'ke' may become the target's 'flake').
+For the sampling verifiers each step keeps its draft distribution q (after the restriction,
+temperature and top-p): that is the distribution the token was actually drawn from.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from omnidraft.kv import CachedLM
+from omnidraft.ngram.trie import NgramTrie, TrieNode
+from omnidraft.verify.core import probs_from_logits
+from omnidraft.vocab.bridge import VocabBridge
+
+
+@dataclass
+class Draft:
+    tokens: list[int]
+    q: torch.Tensor | None  # [len(tokens), drafter vocab] when sampling, else None
+
+
+class Drafter:
+    """Autoregressive drafting over a cached causal LM with a translatability mask."""
+
+    def __init__(self, model: torch.nn.Module, bridge: VocabBridge, stop_ids: Sequence[int] = ()) -> None:
+        self.lm = CachedLM(model)
+        self.bridge = bridge
+        self.stop_ids = {int(t) for t in stop_ids}  # drafter ids after which drafting is pointless
+        vocab = self.lm.vocab_size
+        bias = torch.full((vocab,), float("-inf"))
+        bias[: len(bridge.dm_bias)] = bridge.dm_bias[:vocab]
+        self.dm_bias = bias
+        self._root_version = -1
+        self._root_extra = torch.empty(0, dtype=torch.long)
+
+    def reset(self) -> None:
+        self.lm.reset()
+
+    def _root_extras(self, ngrams: NgramTrie) -> torch.Tensor:
+        """Non-direct-mapped first sub-tokens of cached n-grams (recomputed when the cache grows)."""
+        if self._root_version != len(ngrams):
+            ids = [t for t in ngrams.root.children if t < len(self.dm_bias) and not torch.isfinite(self.dm_bias[t])]
+            self._root_extra = torch.tensor(ids, dtype=torch.long)
+            self._root_version = len(ngrams)
+        return self._root_extra
+
+    def _bias(self, ngrams: NgramTrie | None, active: list[TrieNode]) -> torch.Tensor:
+        if ngrams is None or not len(ngrams):
+            return self.dm_bias
+        extra = [t for node in active for t in node.children]
+        root = self._root_extras(ngrams)
+        if not extra and not len(root):
+            return self.dm_bias
+        bias = self.dm_bias.clone()
+        bias[root] = 0.0
+        if extra:
+            bias[torch.tensor(extra, dtype=torch.long)] = 0.0
+        return bias
+
+    def draft(
+        self,
+        context: Sequence[int],
+        k: int,
+        ngrams: NgramTrie | None = None,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        generator: torch.Generator | None = None,
+        keep_q: bool = False,
+    ) -> Draft:
+        """Draft up to ``k`` tokens after ``context`` (drafter ids)."""
+        ids = list(context)
+        tokens: list[int] = []
+        qs: list[torch.Tensor] = []
+        active: list[TrieNode] = []
+        logits = self.lm.logits_for(ids)[0]
+        for step in range(k):
+            masked = logits + self._bias(ngrams, active)
+            if temperature <= 0 and not keep_q:
+                tok = int(masked.argmax())
+            else:
+                q = probs_from_logits(masked, temperature, top_p)
+                tok = int(masked.argmax()) if temperature <= 0 else int(torch.multinomial(q, 1, generator=generator))
+                qs.append(q)
+            tokens.append(tok)
+            if ngrams is not None and len(ngrams):
+                active = [c for node in active + [ngrams.root] if (c := node.children.get(tok)) is not None]
+            if tok in self.stop_ids or step == k - 1:
+                break
+            ids.append(tok)
+            logits = self.lm.logits_for(ids)[0]
+        return Draft(tokens, torch.stack(qs) if qs else None)

@@ -1,0 +1,63 @@
+"""A causal LM with a KV cache that follows a token list: feed only what is new, crop on divergence.
+
+Both the drafter and the target use it. The cache mirrors ``cached_ids``; a call with a new id list
+crops the cache to the common prefix and feeds the rest in one forward (gpt-fast style: tensors in,
+logits out). A plain ``DynamicCache()`` keeps every layer's full history, so Gemma-3's
+sliding-window layers crop exactly too (the sliding window lives in the attention mask).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from transformers import DynamicCache
+
+
+def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix; fast path when one list extends the other."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # invariant: a[:lo] == b[:lo], a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+class CachedLM:
+    """Model + KV cache + the token ids the cache holds."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+        self.device = next(model.parameters()).device
+        self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+        self.reset()
+
+    def reset(self) -> None:
+        self.cache = DynamicCache()
+        self.cached_ids: list[int] = []
+
+    def crop(self, length: int) -> None:
+        """Keep the first ``length`` cached tokens."""
+        drop = len(self.cached_ids) - length
+        if drop > 0:
+            self.cache.crop(-drop)  # transformers 5: a negative count drops that many tokens
+            del self.cached_ids[length:]
+
+    @torch.inference_mode()
+    def logits_for(self, ids: Sequence[int], keep: int = 1) -> torch.Tensor:
+        """Logits (float32, [keep, vocab]) predicting the tokens after each of the last ``keep`` ids."""
+        if keep < 1 or keep > len(ids):
+            raise ValueError(f"keep must be in [1, {len(ids)}], got {keep}")
+        self.crop(min(common_prefix_len(self.cached_ids, ids), len(ids) - keep))
+        new = list(ids[len(self.cached_ids):])
+        input_ids = torch.tensor([new], dtype=torch.long, device=self.device)
+        out = self.model(input_ids=input_ids, past_key_values=self.cache, use_cache=True, logits_to_keep=keep)
+        self.cache = out.past_key_values
+        self.cached_ids.extend(new)
+        return out.logits[0, -keep:].float()

@@ -1,0 +1,79 @@
+"""Reverse translation (Algorithm 1, lines 17-19): keep the drafter's context in step with the target.
+
+Accepted proposals go back as the drafter tokens that produced them (their KV entries stay valid).
+A corrected or bonus target token is re-tokenized together with a small look-behind of the
+drafter's last tokens — SLEM's heuristic for tokenizers that are not injective — so the drafter
+sees a near-canonical tokenization. Whenever that shows one target token covered exactly by n >= 2
+drafter tokens, the n-gram is learned.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from omnidraft.ngram.trie import NgramTrie
+from omnidraft.vocab.bridge import VocabBridge
+
+LOOK_BEHIND = 3  # drafter tokens re-tokenized together with a new target token
+
+
+class DrafterContext:
+    """The drafter-token context ``ids`` that mirrors the target's emitted text byte for byte."""
+
+    def __init__(self, bridge: VocabBridge, prompt_target_ids: Sequence[int]) -> None:
+        self.bridge = bridge
+        self.ids: list[int] = bridge.target_to_drafter(prompt_target_ids)
+        self.barrier = self._last_special_end(self.ids)  # never look behind a special token
+
+    def _last_special_end(self, ids: Sequence[int]) -> int:
+        for pos in range(len(ids) - 1, -1, -1):
+            if self.bridge.drafter_bytes(ids[pos]) is None:
+                return pos + 1
+        return 0
+
+    def extend_accepted(self, drafted: Sequence[int], end: int) -> None:
+        """Append the first ``end`` drafted tokens: the accepted proposals' own sub-tokens."""
+        self.ids.extend(drafted[:end])
+        for pos in range(len(self.ids) - end, len(self.ids)):
+            if self.bridge.drafter_bytes(self.ids[pos]) is None:
+                self.barrier = pos + 1
+
+    def append_target(self, target_id: int, ngrams: NgramTrie | None) -> None:
+        """Append one corrected/bonus target token; learn an n-gram if it shows a 1 -> n mapping."""
+        data = self.bridge.target_bytes(target_id)
+        if data is None:  # special token: literal-text partner or nothing
+            mapped = int(self.bridge.t2d[target_id]) if target_id < len(self.bridge.t2d) else -1
+            if mapped >= 0:
+                self.ids.append(mapped)
+                self.barrier = len(self.ids)
+            return
+        start = self._window_start()
+        old = self.ids[start:]
+        prefix = b"".join(self.bridge.drafter_bytes(t) for t in old)
+        new = self.bridge.drafter_encode(prefix + data)
+        self.ids[start:] = new
+        if ngrams is not None and self.bridge.t2d[target_id] < 0:
+            self._learn(new, len(prefix), len(prefix) + len(data), target_id, ngrams)
+
+    def _window_start(self) -> int:
+        """Start of the look-behind: LOOK_BEHIND tokens back, moved to a UTF-8 character start."""
+        start = max(self.barrier, len(self.ids) - LOOK_BEHIND)
+        while start > self.barrier:
+            head = self.bridge.drafter_bytes(self.ids[start])
+            if head and (head[0] & 0xC0) != 0x80:  # not a UTF-8 continuation byte
+                break
+            start -= 1
+        return start
+
+    def _learn(self, tokens: list[int], begin: int, end: int, target_id: int, ngrams: NgramTrie) -> None:
+        """Add (tokens covering exactly bytes [begin, end)) -> target_id when they are >= 2."""
+        offset, first, last = 0, None, None
+        for idx, tok in enumerate(tokens):
+            if offset == begin:
+                first = idx
+            offset += len(self.bridge.drafter_bytes(tok) or b"")
+            if offset == end:
+                last = idx + 1
+                break
+        if first is not None and last is not None and last - first >= 2:
+            ngrams.add(tokens[first:last], target_id)
