@@ -190,7 +190,9 @@ class SpeculativeDecoder:
         logits = self.target.score(ids + proposed, len(proposed))
         if sampling:
             p = probs_from_logits(logits, config.temperature, config.top_p)
-            n, nxt = sample_verify(p, proposed, lambda i: self._draft_target_probs(draft, tr, i), generator)
+            cut_untranslatable = len(proposed) == len(tr.target_ids) and tr.drafted_used < len(draft.tokens)
+            last = self._dm_target_probs(draft.q[tr.drafted_used]) if cut_untranslatable else None
+            n, nxt = sample_verify(p, proposed, lambda i: self._draft_target_probs(draft, tr, i), generator, last)
         else:
             n, nxt = greedy_verify(logits, proposed)
         t3 = time.perf_counter()
@@ -233,15 +235,19 @@ class SpeculativeDecoder:
         taken from its first sub-token's partner.
         """
         start, end = tr.spans[i]
-        row = draft.q[start]
-        q_t = torch.zeros(self.target.vocab_size, dtype=row.dtype)
-        q_t.index_add_(0, self._dm_tgt, row[self._dm_src])
+        q_t = self._dm_target_probs(draft.q[start])
         if tr.ngram[i]:
             prod = float(torch.prod(torch.stack([draft.q[j, draft.tokens[j]] for j in range(start, end)])))
             first = int(self.bridge.d2t[draft.tokens[start]])
             if first >= 0:
                 q_t[first] = max(float(q_t[first]) - prod, 0.0)
             q_t[tr.target_ids[i]] += prod
+        return q_t
+
+    def _dm_target_probs(self, row: torch.Tensor) -> torch.Tensor:
+        """Drafter distribution moved onto the target vocabulary through the direct mapping."""
+        q_t = torch.zeros(self.target.vocab_size, dtype=row.dtype)
+        q_t.index_add_(0, self._dm_tgt, row[self._dm_src])
         return q_t
 
     def _target_token_bytes(self) -> list[bytes | None]:

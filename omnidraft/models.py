@@ -237,8 +237,8 @@ def load(spec: str, home=None, dtype: str = "float32", progress: bool = True):
         try:
             tok = AutoTokenizer.from_pretrained(source)
             lm = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype)
-        except OSError as exc:
-            raise OmnidraftError(f"cannot load model {spec!r}: not a local model folder nor a reachable hub id ({exc.__class__.__name__})") from None
+        except Exception as exc:  # OSError for a missing model, ValueError/JSON errors for a broken one
+            raise OmnidraftError(f"cannot load model {spec!r}: not a usable local model folder nor a reachable hub id ({exc.__class__.__name__}: {str(exc).splitlines()[0][:160]})") from None
         return lm.eval(), tok
     folder = cache_dir(model_info, home)
     if not _cache_valid(folder, model_info):

@@ -44,10 +44,11 @@ class Drafter:
 
     def _root_extras(self, ngrams: NgramTrie) -> torch.Tensor:
         """Non-direct-mapped first sub-tokens of cached n-grams (recomputed when the cache grows)."""
-        if self._root_version != len(ngrams):
+        version = getattr(ngrams, "version", len(ngrams))  # a capped store evicts without changing len
+        if self._root_version != version:
             ids = [t for t in ngrams.root.children if t < len(self.dm_bias) and not torch.isfinite(self.dm_bias[t])]
             self._root_extra = torch.tensor(ids, dtype=torch.long)
-            self._root_version = len(ngrams)
+            self._root_version = version
         return self._root_extra
 
     def _bias(self, ngrams: NgramTrie | None, active: list[TrieNode]) -> torch.Tensor:

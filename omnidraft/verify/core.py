@@ -47,8 +47,14 @@ def sample_verify(
     proposed: Sequence[int],
     draft_probs: Callable[[int], torch.Tensor],
     generator: torch.Generator,
+    last_draft: torch.Tensor | None = None,
 ) -> tuple[int, int]:
-    """Speculative rejection sampling; ``draft_probs(i)`` is q' over the target vocabulary at i."""
+    """Speculative rejection sampling; ``draft_probs(i)`` is q' over the target vocabulary at i.
+
+    ``last_draft``: when the draft ended at position m because the drafter sampled a token with no
+    target translation (mass 1 - sum q'), that "null proposal" is always rejected, so the next
+    token comes from the residual of q'_m, not from p — which keeps the output distributed as p.
+    """
     for i, tok in enumerate(proposed):
         q = draft_probs(i)
         p_tok, q_tok = float(target_probs[i, tok]), float(q[tok])
@@ -59,4 +65,9 @@ def sample_verify(
         dist = residual / total if total > 0 else target_probs[i]
         return i, int(torch.multinomial(dist, 1, generator=generator))
     last = len(proposed)
-    return last, int(torch.multinomial(target_probs[last], 1, generator=generator))
+    dist = target_probs[last]
+    if last_draft is not None:
+        residual = (dist - last_draft).clamp_min(0.0)
+        if float(residual.sum()) > 0:
+            dist = residual / residual.sum()
+    return last, int(torch.multinomial(dist, 1, generator=generator))

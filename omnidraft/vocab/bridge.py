@@ -116,7 +116,10 @@ class VocabBridge:
 
     # ---- bytes -> drafter tokens (reverse translation) ------------------------------------------
     def drafter_encode(self, data: bytes) -> list[int]:
-        """Drafter tokens whose bytes are exactly ``data`` (no BOS/EOS added)."""
+        """Drafter tokens whose bytes are exactly ``data`` (no BOS/EOS added).
+
+        Exact whenever the drafter can spell every byte of ``data``; see ``representable``.
+        """
         ids: list[int] = []
         while data:
             try:
@@ -126,13 +129,15 @@ class VocabBridge:
                 bad, rest = data[err.start : err.end], data[err.end :]
             if text:
                 ids += self.drafter_tokenizer.encode(text, add_special_tokens=False)
-            for byte in bad:
-                tok = self.d.byte_token[byte]
-                if tok is None:
-                    raise ValueError(f"the drafter tokenizer has no token for byte 0x{byte:02x}")
-                ids.append(tok)
+            # A byte the drafter's vocabulary lacks (SmolLM2 has no 0xF1, say) is left out: the
+            # drafter only guesses, so a gap in its context costs acceptance, never correctness.
+            ids += [tok for tok in (self.d.byte_token[b] for b in bad) if tok is not None]
             data = rest
         return ids
+
+    def representable(self, data: bytes) -> bool:
+        """Whether the drafter vocabulary has every byte of ``data`` (byte-level BPEs may lack a few)."""
+        return all(self.d.byte_token[b] is not None for b in set(data))
 
     def target_bytes(self, target_id: int) -> bytes | None:
         """Bytes of a target token, None for a special token."""

@@ -1,0 +1,173 @@
+"""``omnidraft cache stats | clear | export``: look after the persistent n-gram caches.
+
+Without ``--pair`` each command works on every ``*.sqlite`` store under ``<home>/cache_store``.
+``stats`` and ``export`` open stores read-only (frozen): a corrupt or foreign file is reported in
+one line on stderr and skipped, the command goes on with the others and exits 0 (the next writer
+moves the file aside; inspecting must not change anything). ``clear`` opens stores for writing,
+so a bad file is moved aside there, as the runtime would do.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from omnidraft.errors import OmnidraftError
+from omnidraft.home import state_dir
+from omnidraft.ngram.store import PersistentNgramCache, check_pair_id, default_store_path, list_store_paths
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``cache`` and its three actions to the top-level parser."""
+    parser = subparsers.add_parser("cache", help="inspect, clear or export the persistent n-gram caches",
+                                   description=__doc__.splitlines()[0])
+    actions = parser.add_subparsers(dest="cache_command", required=True)
+
+    stats = actions.add_parser("stats", help="entries, size on disk and in memory, hit rates, top n-grams")
+    stats.add_argument("--json", action="store_true", help="print one JSON document")
+    stats.add_argument("--pair", help="only this tokenizer pair id (the store's file name)")
+    stats.add_argument("--top", type=int, default=10, help="how many top n-grams to show (default 10)")
+    stats.set_defaults(func=cmd_stats)
+
+    clear = actions.add_parser("clear", help="delete every entry of the caches")
+    clear.add_argument("--pair", help="only this tokenizer pair id")
+    clear.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    clear.set_defaults(func=cmd_clear)
+
+    export = actions.add_parser("export", help="write the entries as JSON lines")
+    export.add_argument("file", metavar="FILE.jsonl", help="output file ('-' for stdout)")
+    export.add_argument("--pair", help="only this tokenizer pair id")
+    export.set_defaults(func=cmd_export)
+
+
+def _store_paths(pair: str | None) -> list[Path]:
+    """The stores a command works on; an unknown ``--pair`` is a user error."""
+    if pair is None:
+        return list_store_paths()
+    try:
+        path = default_store_path(check_pair_id(pair))
+    except ValueError as exc:
+        raise OmnidraftError(str(exc)) from exc
+    if not path.exists():
+        raise OmnidraftError(f"no n-gram cache for pair {pair!r} under {path.parent}")
+    return [path]
+
+
+def _open_frozen(path: Path) -> PersistentNgramCache | None:
+    """Open read-only; None (after one line on stderr) for a file not named like a store."""
+    try:
+        return PersistentNgramCache(path, path.stem, frozen=True)
+    except ValueError as exc:
+        print(f"omnidraft: warning: skipping {path}: {exc}", file=sys.stderr)
+        return None
+
+
+def _human_bytes(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{n} B"
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    """Print per-store statistics (text or JSON); bad files are listed under ``problems``."""
+    caches: list[dict[str, Any]] = []
+    problems: list[dict[str, str]] = []
+    for path in _store_paths(args.pair):
+        cache = _open_frozen(path)
+        if cache is None or cache.problem:
+            problems.append({"path": str(path), "problem": cache.problem if cache else "not a store name"})
+            continue
+        caches.append(cache.stats(top=args.top))
+    if args.json:
+        doc = {"cache_store": str(state_dir("cache_store")), "caches": caches, "problems": problems}
+        print(json.dumps(doc, indent=2))
+        return 0
+    if not caches:
+        print(f"no n-gram caches under {state_dir('cache_store')}")
+    for s in caches:
+        _print_stats(s)
+    return 0
+
+
+def _print_stats(s: dict[str, Any]) -> None:
+    rate = f"{100 * s['accept_rate']:.1f}%" if s["accept_rate"] is not None else "n/a"
+    print(f"pair {s['pair_id']}  ({s['path']})")
+    print(f"  entries {s['entries']}   on disk {_human_bytes(s['bytes_on_disk'])}   "
+          f"in memory ~{_human_bytes(s['bytes_in_memory'])}")
+    print(f"  hits proposed {s['hits_proposed']}   accepted {s['hits_accepted']}   accept rate {rate}")
+    if s["skipped_rows"]:
+        print(f"  malformed rows skipped {s['skipped_rows']}")
+    if s["top"]:
+        print("  top n-grams (drafter ids -> target id, accepted/proposed):")
+        for t in s["top"]:
+            print(f"    {t['drafter_ids']} -> {t['target_id']}   {t['accepted']}/{t['proposed']}")
+
+
+def cmd_clear(args: argparse.Namespace) -> int:
+    """Empty the selected stores (one transaction each); asks first unless ``--yes``."""
+    paths = _store_paths(args.pair)
+    if not paths:
+        print(f"no n-gram caches under {state_dir('cache_store')}")
+        return 0
+    if not args.yes:
+        if not sys.stdin.isatty():
+            raise OmnidraftError(f"refusing to clear {len(paths)} n-gram cache(s) without --yes")
+        answer = input(f"Delete every entry of {len(paths)} n-gram cache(s)? [y/N] ")
+        if answer.strip().lower() not in ("y", "yes"):
+            print("nothing cleared")
+            return 0
+    for path in paths:
+        try:
+            cache = PersistentNgramCache(path, path.stem)
+        except ValueError as exc:
+            print(f"omnidraft: warning: skipping {path}: {exc}", file=sys.stderr)
+            continue
+        with cache:
+            removed = cache.clear()
+        print(f"cleared {removed} entries from pair {path.stem}")
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    """One JSON object per entry; written to a temporary file and renamed, so a failed export
+    never leaves a half-written FILE behind."""
+    lines: list[str] = []
+    for path in _store_paths(args.pair):
+        cache = _open_frozen(path)
+        if cache is None:
+            continue
+        for key, meta in sorted(cache.entries()):
+            lines.append(json.dumps({"pair_id": cache.pair_id, "drafter_ids": list(key), "target_id": meta.target,
+                                     "proposed": meta.proposed, "accepted": meta.accepted,
+                                     "last_used_us": meta.last_used}))
+    text = "".join(line + "\n" for line in lines)
+    if args.file == "-":
+        sys.stdout.write(text)
+        return 0
+    _write_atomic(Path(args.file), text)
+    print(f"exported {len(lines)} entries to {args.file}", file=sys.stderr)
+    return 0
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    directory = path.resolve().parent
+    if not directory.is_dir():
+        raise OmnidraftError(f"cannot write {path}: directory {directory} does not exist")
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -1,0 +1,77 @@
+"""``omnidraft generate``: one prompt through cross-vocabulary speculative decoding."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from omnidraft.decode import DecodeConfig
+from omnidraft.errors import OmnidraftError
+from omnidraft.verify import VERIFIERS
+
+
+def add_decode_args(parser: argparse.ArgumentParser) -> None:
+    """Options shared by generate, chat and bench."""
+    parser.add_argument("--drafter", default="builtin:smollm2-135m", help="drafter spec, or 'none' for the target alone")
+    parser.add_argument("--target", default="builtin:qwen2.5-coder-0.5b", help="target spec: builtin:NAME, a folder, or a hub id")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--verify", choices=VERIFIERS, default=None, help="default: greedy at temperature 0, else omnidraft")
+    parser.add_argument("--draft-len", type=int, default=5, help="drafter tokens per step (k)")
+    parser.add_argument("--no-ngram", action="store_true", help="do not use or learn the n-gram cache")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--dtype", default="float32", help="target dtype: float32 (default) or bfloat16")
+
+
+def decode_config(args: argparse.Namespace) -> DecodeConfig:
+    verify = args.verify or ("greedy" if args.temperature == 0 else "omnidraft")
+    config = DecodeConfig(max_new_tokens=args.max_new_tokens, verify=verify, draft_len=args.draft_len,
+                          temperature=args.temperature, top_p=args.top_p, seed=args.seed, use_ngram=not args.no_ngram)
+    config.validate()
+    return config
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("generate", help="generate text for one prompt")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", help="prompt text, used as is unless --chat")
+    src.add_argument("--prompt-file", type=Path, help="read the prompt from a file")
+    add_decode_args(p)
+    p.add_argument("--chat", action="store_true", help="render the prompt as a user turn with the target's chat template")
+    p.add_argument("--json", action="store_true", help="print one JSON object: text, token_ids, stats")
+    p.set_defaults(func=run)
+
+
+def _prompt_text(args: argparse.Namespace) -> str:
+    if args.prompt is not None:
+        return args.prompt
+    try:
+        return args.prompt_file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise OmnidraftError(f"cannot read --prompt-file {args.prompt_file}: {exc}") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    from omnidraft.runtime import encode_prompt, load_pipeline
+
+    config = decode_config(args)
+    text = _prompt_text(args)
+    if not text:
+        raise OmnidraftError("the prompt is empty")
+    pipe = load_pipeline(args.target, args.drafter, dtype=args.dtype, quiet=args.json)
+    prompt_ids = encode_prompt(pipe.target_tokenizer, text, chat=args.chat)
+    decoder = pipe.decoder
+    if args.json:
+        result = decoder.generate(prompt_ids, config)
+        print(json.dumps({"text": result.text, "token_ids": result.token_ids, "stats": result.stats.as_dict()}))
+        return 0
+    for piece in decoder.stream(prompt_ids, config):
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+    s = decoder.stats
+    print(f"\n[{s.new_tokens} tokens, {s.tokens_per_s:.1f} tok/s, accept {s.acceptance_rate:.2f}, "
+          f"{s.tokens_per_target_forward:.2f} tok/target forward]", file=sys.stderr)
+    return 0

