@@ -19,31 +19,9 @@ from omnidraft.drafter import Draft, Drafter
 from omnidraft.errors import OmnidraftError
 from omnidraft.ngram.trie import NgramTrie
 from omnidraft.target import TargetBackend
-from omnidraft.verify import VERIFIERS, greedy_verify, probs_from_logits, sample_verify
+from omnidraft.config import DecodeConfig
+from omnidraft.verify import greedy_verify, probs_from_logits, sample_verify
 from omnidraft.vocab import DrafterContext, Translation, VocabBridge
-
-
-@dataclass
-class DecodeConfig:
-    max_new_tokens: int = 64
-    verify: str = "greedy"
-    draft_len: int = 5
-    temperature: float = 0.0
-    top_p: float = 1.0
-    seed: int = 0
-    use_ngram: bool = True
-
-    def validate(self) -> None:
-        if self.verify not in VERIFIERS:
-            raise OmnidraftError(f"unknown verifier {self.verify!r}; choose one of {', '.join(VERIFIERS)}")
-        if self.max_new_tokens < 1:
-            raise OmnidraftError("--max-new-tokens must be at least 1")
-        if self.draft_len < 1:
-            raise OmnidraftError("--draft-len must be at least 1")
-        if self.temperature < 0 or not 0 < self.top_p <= 1:
-            raise OmnidraftError("--temperature must be >= 0 and --top-p in (0, 1]")
-        if self.verify == "greedy" and self.temperature > 0:
-            raise OmnidraftError("greedy verification is deterministic: use --temperature 0, or --verify omnidraft|tli to sample")
 
 
 @dataclass
@@ -58,6 +36,8 @@ class DecodeStats:
     ngram_hits_proposed: int = 0
     ngram_hits_accepted: int = 0
     new_tokens: int = 0
+    ngram_cache_entries_at_start: int = 0
+    ngram_cache_entries_at_end: int = 0
     wall_s: float = 0.0
     draft_s: float = 0.0
     bridge_s: float = 0.0
@@ -132,6 +112,8 @@ class SpeculativeDecoder:
         if not prompt_ids:
             raise OmnidraftError("the prompt is empty")
         self.stats = DecodeStats()
+        if self.ngrams is not None:
+            self.stats.ngram_cache_entries_at_start = len(self.ngrams)
         start = time.perf_counter()
         generator = torch.Generator().manual_seed(config.seed)
         step = self._target_step if self.drafter is None else self._speculative_step
@@ -150,6 +132,7 @@ class SpeculativeDecoder:
             self.stats.wall_s = time.perf_counter() - start
             if self.ngrams is not None:
                 self.ngrams.flush()
+                self.stats.ngram_cache_entries_at_end = len(self.ngrams)
 
     # ---- one step ------------------------------------------------------------------------------
     def _start_state(self, prompt_ids: list[int]) -> DrafterContext | None:

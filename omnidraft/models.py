@@ -230,6 +230,10 @@ def load(spec: str, home=None, dtype: str = "float32", progress: bool = True):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch_dtype = _dtype(dtype)
+    if not progress:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
     model_info = builtin(spec)
     if model_info is None:
         path = Path(spec).expanduser()

@@ -46,9 +46,31 @@ def make_drafter(drafter_model, bridge: VocabBridge, target: LocalTarget) -> Dra
     return Drafter(drafter_model, bridge, stop_ids=stop)
 
 
+@dataclass
+class CacheOptions:
+    """How the persistent n-gram cache of the pair is used (see omnidraft/ngram/store.py)."""
+
+    enabled: bool = True  # False: in-memory only, starts empty, nothing written
+    max_entries: int | None = None  # None: no cap
+    policy: str = "lru"
+    frozen: bool = False
+
+
+def open_ngram_cache(drafter_tok, target_tok, options: CacheOptions, home=None) -> NgramTrie:
+    if not options.enabled:
+        return NgramTrie()
+    from omnidraft.ngram.store import open_pair_cache
+
+    try:
+        return open_pair_cache(drafter_tok, target_tok, home=home, max_entries=options.max_entries,
+                               policy=options.policy, frozen=options.frozen)
+    except ValueError as exc:
+        raise OmnidraftError(f"bad n-gram cache option: {exc}") from None
+
+
 def load_pipeline(target_spec: str, drafter_spec: str | None, *, home=None, dtype: str = "float32",
-                  ngrams: NgramTrie | None = None, quiet: bool = False) -> Pipeline:
-    """Load target (and drafter unless None/'none') and wire bridge, drafter and decoder."""
+                  cache: CacheOptions | None = None, quiet: bool = False) -> Pipeline:
+    """Load target (and drafter unless None/'none') and wire bridge, n-gram cache, drafter, decoder."""
     for spec in (target_spec, drafter_spec):
         if spec not in (None, "none"):
             models.builtin(spec)  # an unknown builtin fails here, before minutes of loading
@@ -62,6 +84,7 @@ def load_pipeline(target_spec: str, drafter_spec: str | None, *, home=None, dtyp
     bridge = build_bridge(drafter_model, drafter_tok, target_model, target_tok)
     if bridge.intersection_size == 0:
         raise OmnidraftError(f"{drafter_spec} and {target_spec} share no token: nothing can be drafted")
+    ngrams = open_ngram_cache(drafter_tok, target_tok, cache or CacheOptions(), home)
     decoder = SpeculativeDecoder(target, make_drafter(drafter_model, bridge, target), bridge, ngrams)
     return Pipeline(decoder, target_spec, drafter_spec, target_model, drafter_model)
 

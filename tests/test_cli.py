@@ -92,3 +92,22 @@ def test_generate_json_matches_target_alone():
     assert keys <= set(a["stats"])
     assert a["stats"]["target_forwards"] < b["stats"]["target_forwards"] == 24
     assert 0 < a["stats"]["acceptance_rate"] <= 1
+
+
+@pytest.mark.real
+def test_second_run_starts_with_the_ngrams_the_first_learned(tmp_path):
+    """The pair's n-gram cache persists under $OMNIDRAFT_HOME/cache_store across processes."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "models").symlink_to(TEST_HOME / "models", target_is_directory=True)  # reuse dequantized models
+    prompt = "Schreibe eine kurze Geschichte über einen Drachen, der Käse liebt."  # German: rich in 1->n splits
+    args = ["--home", str(home), "generate", "--target", "builtin:qwen2.5-coder-0.5b", "--drafter", DRAFTER,
+            "--prompt", prompt, "--chat", "--max-new-tokens", "48", "--json"]
+    first = omnidraft(*args)
+    assert first.returncode == 0, first.stderr
+    s1 = json.loads(first.stdout)["stats"]
+    assert s1["ngram_cache_entries_at_start"] == 0 < s1["ngram_cache_entries_at_end"]
+    assert list((home / "cache_store").glob("*.sqlite"))
+    second = omnidraft(*args)
+    s2 = json.loads(second.stdout)["stats"]
+    assert s2["ngram_cache_entries_at_start"] == s1["ngram_cache_entries_at_end"]

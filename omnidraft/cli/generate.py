@@ -7,9 +7,8 @@ import json
 import sys
 from pathlib import Path
 
-from omnidraft.decode import DecodeConfig
+from omnidraft.config import VERIFIERS, DecodeConfig
 from omnidraft.errors import OmnidraftError
-from omnidraft.verify import VERIFIERS
 
 
 def add_decode_args(parser: argparse.ArgumentParser) -> None:
@@ -24,6 +23,18 @@ def add_decode_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-ngram", action="store_true", help="do not use or learn the n-gram cache")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dtype", default="float32", help="target dtype: float32 (default) or bfloat16")
+    parser.add_argument("--cache-size", type=int, default=None, help="cap on n-gram cache entries (default: no cap)")
+    parser.add_argument("--cache-policy", choices=("lru", "lfu"), default="lru", help="eviction policy when capped")
+    parser.add_argument("--freeze-cache", action="store_true", help="use the n-gram cache read-only (evaluation)")
+
+
+def cache_options(args: argparse.Namespace):
+    from omnidraft.runtime import CacheOptions
+
+    if args.cache_size is not None and args.cache_size < 1:
+        raise OmnidraftError("--cache-size must be at least 1 (leave it out for no cap)")
+    return CacheOptions(enabled=not args.no_ngram, max_entries=args.cache_size,
+                        policy=args.cache_policy, frozen=args.freeze_cache)
 
 
 def decode_config(args: argparse.Namespace) -> DecodeConfig:
@@ -61,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     text = _prompt_text(args)
     if not text:
         raise OmnidraftError("the prompt is empty")
-    pipe = load_pipeline(args.target, args.drafter, dtype=args.dtype, quiet=args.json)
+    pipe = load_pipeline(args.target, args.drafter, dtype=args.dtype, cache=cache_options(args), quiet=args.json)
     prompt_ids = encode_prompt(pipe.target_tokenizer, text, chat=args.chat)
     decoder = pipe.decoder
     if args.json:

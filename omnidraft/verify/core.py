@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-VERIFIERS = ("greedy", "omnidraft", "tli")
+from omnidraft.config import VERIFIERS  # noqa: F401  (re-exported)
 
 
 def probs_from_logits(logits: torch.Tensor, temperature: float, top_p: float = 1.0) -> torch.Tensor:

@@ -1,0 +1,32 @@
+"""Decoding options as plain values (nanoGPT style), importable without torch so the CLI starts fast."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from omnidraft.errors import OmnidraftError
+
+VERIFIERS = ("greedy", "omnidraft", "tli")
+
+
+@dataclass
+class DecodeConfig:
+    max_new_tokens: int = 64
+    verify: str = "greedy"
+    draft_len: int = 5
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int = 0
+    use_ngram: bool = True
+
+    def validate(self) -> None:
+        if self.verify not in VERIFIERS:
+            raise OmnidraftError(f"unknown verifier {self.verify!r}; choose one of {', '.join(VERIFIERS)}")
+        if self.max_new_tokens < 1:
+            raise OmnidraftError("--max-new-tokens must be at least 1")
+        if self.draft_len < 1:
+            raise OmnidraftError("--draft-len must be at least 1")
+        if self.temperature < 0 or not 0 < self.top_p <= 1:
+            raise OmnidraftError("--temperature must be >= 0 and --top-p in (0, 1]")
+        if self.verify == "greedy" and self.temperature > 0:
+            raise OmnidraftError("greedy verification is deterministic: use --temperature 0, or --verify omnidraft|tli to sample")
