@@ -18,6 +18,10 @@ class DecodeConfig:
     top_p: float = 1.0
     seed: int = 0
     use_ngram: bool = True
+    # Stop drafting once the drafter's probability for its own token falls below this (0: never).
+    # A cheap stand-in for the learned acceptance head: a doubtful token is rarely accepted, and
+    # every token drafted after it is wasted drafter time.
+    draft_confidence: float = 0.0
 
     def validate(self) -> None:
         if self.verify not in VERIFIERS:
@@ -26,6 +30,8 @@ class DecodeConfig:
             raise OmnidraftError("--max-new-tokens must be at least 1")
         if self.draft_len < 1:
             raise OmnidraftError("--draft-len must be at least 1")
+        if not 0 <= self.draft_confidence < 1:
+            raise OmnidraftError("--draft-confidence must be in [0, 1)")
         if self.temperature < 0 or not 0 < self.top_p <= 1:
             raise OmnidraftError("--temperature must be >= 0 and --top-p in (0, 1]")
         if self.verify == "greedy" and self.temperature > 0:

@@ -165,7 +165,8 @@ class SpeculativeDecoder:
         ngrams = self.ngrams if config.use_ngram and config.verify != "tli" else None
         t0 = time.perf_counter()
         draft = self.drafter.draft(ctx.ids, min(config.draft_len, remaining - 1), ngrams,
-                                   config.temperature, config.top_p, generator, keep_q=sampling)
+                                   config.temperature, config.top_p, generator, keep_q=sampling,
+                                   confidence=config.draft_confidence)
         t1 = time.perf_counter()
         tr = self.bridge.forward(draft.tokens, ngrams)
         proposed = tr.target_ids[: remaining - 1]

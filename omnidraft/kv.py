@@ -29,13 +29,19 @@ def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
     return lo
 
 
+def output_vocab_size(model: torch.nn.Module) -> int:
+    """Rows of the LM head (may exceed the tokenizer's length); works for quantized heads too."""
+    weight = model.get_output_embeddings().weight
+    return int((weight() if callable(weight) else weight).shape[0])
+
+
 class CachedLM:
     """Model + KV cache + the token ids the cache holds."""
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.model = model
         self.device = next(model.parameters()).device
-        self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+        self.vocab_size = output_vocab_size(model)
         self.reset()
 
     def reset(self) -> None:
@@ -61,3 +67,12 @@ class CachedLM:
         self.cache = out.past_key_values
         self.cached_ids.extend(new)
         return out.logits[0, -keep:].float()
+
+    @torch.inference_mode()
+    def step(self, token: int) -> torch.Tensor:
+        """Feed one token after the cached ones (the drafting hot path: no prefix bookkeeping)."""
+        out = self.model(input_ids=torch.tensor([[token]], device=self.device), past_key_values=self.cache,
+                         use_cache=True, logits_to_keep=1)
+        self.cache = out.past_key_values
+        self.cached_ids.append(token)
+        return out.logits[0, -1].float()

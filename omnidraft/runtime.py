@@ -11,6 +11,7 @@ from omnidraft import models
 from omnidraft.decode import SpeculativeDecoder
 from omnidraft.drafter import Drafter
 from omnidraft.errors import OmnidraftError
+from omnidraft.kv import output_vocab_size
 from omnidraft.ngram.trie import NgramTrie
 from omnidraft.target import LocalTarget
 from omnidraft.vocab import VocabBridge
@@ -35,9 +36,7 @@ def _log(msg: str, quiet: bool) -> None:
 
 
 def build_bridge(drafter_model, drafter_tokenizer, target_model, target_tokenizer) -> VocabBridge:
-    return VocabBridge(drafter_tokenizer, target_tokenizer,
-                       drafter_model.get_output_embeddings().weight.shape[0],
-                       target_model.get_output_embeddings().weight.shape[0])
+    return VocabBridge(drafter_tokenizer, target_tokenizer, output_vocab_size(drafter_model), output_vocab_size(target_model))
 
 
 def make_drafter(drafter_model, bridge: VocabBridge, target: LocalTarget) -> Drafter:
@@ -68,12 +67,29 @@ def open_ngram_cache(drafter_tok, target_tok, options: CacheOptions, home=None) 
         raise OmnidraftError(f"bad n-gram cache option: {exc}") from None
 
 
+DRAFTER_DTYPES = ("float32", "bfloat16", "int8")
+
+
+def convert_drafter(model: torch.nn.Module, dtype: str) -> torch.nn.Module:
+    """The drafter's speed/precision trade-off; the target's dtype never changes, so greedy output
+    stays the target's own. int8 is torch's dynamic quantization of every Linear layer."""
+    if dtype == "float32":
+        return model
+    if dtype == "bfloat16":
+        return model.to(torch.bfloat16)
+    if dtype == "int8":
+        return torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
+    raise OmnidraftError(f"unknown drafter dtype {dtype!r}; choose one of {', '.join(DRAFTER_DTYPES)}")
+
+
 def load_pipeline(target_spec: str, drafter_spec: str | None, *, home=None, dtype: str = "float32",
-                  cache: CacheOptions | None = None, quiet: bool = False) -> Pipeline:
+                  drafter_dtype: str = "float32", cache: CacheOptions | None = None, quiet: bool = False) -> Pipeline:
     """Load target (and drafter unless None/'none') and wire bridge, n-gram cache, drafter, decoder."""
     for spec in (target_spec, drafter_spec):
         if spec not in (None, "none"):
             models.builtin(spec)  # an unknown builtin fails here, before minutes of loading
+    if drafter_dtype not in DRAFTER_DTYPES:
+        raise OmnidraftError(f"unknown drafter dtype {drafter_dtype!r}; choose one of {', '.join(DRAFTER_DTYPES)}")
     _log(f"loading target {target_spec}", quiet)
     target_model, target_tok = models.load(target_spec, home=home, dtype=dtype, progress=not quiet)
     target = LocalTarget(target_model, target_tok)
@@ -82,6 +98,7 @@ def load_pipeline(target_spec: str, drafter_spec: str | None, *, home=None, dtyp
     _log(f"loading drafter {drafter_spec}", quiet)
     drafter_model, drafter_tok = models.load(drafter_spec, home=home, dtype="float32", progress=not quiet)
     bridge = build_bridge(drafter_model, drafter_tok, target_model, target_tok)
+    drafter_model = convert_drafter(drafter_model, drafter_dtype)
     if bridge.intersection_size == 0:
         raise OmnidraftError(f"{drafter_spec} and {target_spec} share no token: nothing can be drafted")
     ngrams = open_ngram_cache(drafter_tok, target_tok, cache or CacheOptions(), home)

@@ -73,26 +73,30 @@ class Drafter:
         top_p: float = 1.0,
         generator: torch.Generator | None = None,
         keep_q: bool = False,
+        confidence: float = 0.0,
     ) -> Draft:
-        """Draft up to ``k`` tokens after ``context`` (drafter ids)."""
-        ids = list(context)
+        """Draft up to ``k`` tokens after ``context`` (drafter ids); stop early after a token whose
+        draft probability is below ``confidence``."""
         tokens: list[int] = []
         qs: list[torch.Tensor] = []
         active: list[TrieNode] = []
-        logits = self.lm.logits_for(ids)[0]
+        logits = self.lm.logits_for(context)[0]
         for step in range(k):
             masked = logits + self._bias(ngrams, active)
+            doubtful = False
             if temperature <= 0 and not keep_q:
                 tok = int(masked.argmax())
+                if confidence > 0:
+                    doubtful = float(torch.softmax(masked, -1)[tok]) < confidence
             else:
                 q = probs_from_logits(masked, temperature, top_p)
                 tok = int(masked.argmax()) if temperature <= 0 else int(torch.multinomial(q, 1, generator=generator))
                 qs.append(q)
+                doubtful = float(q[tok]) < confidence
             tokens.append(tok)
             if ngrams is not None and len(ngrams):
                 active = [c for node in active + [ngrams.root] if (c := node.children.get(tok)) is not None]
-            if tok in self.stop_ids or step == k - 1:
+            if tok in self.stop_ids or step == k - 1 or doubtful:
                 break
-            ids.append(tok)
-            logits = self.lm.logits_for(ids)[0]
+            logits = self.lm.step(tok)
         return Draft(tokens, torch.stack(qs) if qs else None)

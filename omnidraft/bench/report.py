@@ -1,0 +1,88 @@
+"""Write a bench run: results.json (machine-readable), results.md (the table), PNG charts."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+
+def _fmt(value, spec: str = ".2f") -> str:
+    return "–" if value is None else format(value, spec)
+
+
+def markdown_table(summary: dict[str, dict]) -> str:
+    head = ("| mode | tok/s | speedup vs target (median) | mean | acceptance | tokens/target fwd | "
+            "n-gram hits (acc/prop) | draft/verify/bridge/other s | identical |")
+    lines = [head, "|" + "---|" * 9]
+    for mode, r in summary.items():
+        split = r["time_split_s"]
+        ident = r.get("identical_to_target")
+        lines.append(
+            f"| {mode} | {r['tokens_per_s']:.2f} | {_fmt(r['speedup_vs_target'])}× | {_fmt(r['speedup_vs_target_mean'])}× | "
+            f"{_fmt(r['acceptance_rate'])} | {_fmt(r['tokens_per_target_forward'])} | "
+            f"{r['ngram_hits_accepted']}/{r['ngram_hits_proposed']} | "
+            f"{split['draft']:.1f}/{split['verify']:.1f}/{split['bridge']:.1f}/{split['other']:.1f} | "
+            f"{'–' if ident is None else ('yes' if ident else 'NO')} |")
+    return "\n".join(lines) + "\n"
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-")
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+    os.replace(tmp, path)
+
+
+def write_results(out_dir: Path, meta: dict, summary: dict[str, dict]) -> list[Path]:
+    """results.json, results.md, speedup.png, time_split.png under ``out_dir``."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    _atomic_write(out_dir / "results.json", json.dumps({"meta": meta, "modes": summary}, indent=1).encode())
+    md = f"# omnidraft bench\n\n{meta_line(meta)}\n\n{markdown_table(summary)}"
+    _atomic_write(out_dir / "results.md", md.encode())
+    return [out_dir / "results.json", out_dir / "results.md"] + plot(out_dir, summary)
+
+
+def meta_line(meta: dict) -> str:
+    return (f"drafter `{meta['drafter']}` → target `{meta['target']}`, prompts `{meta['prompts']}` × {meta['n']}, "
+            f"{meta['max_new_tokens']} new tokens, draft length {meta['draft_len']}, drafter dtype {meta['drafter_dtype']}, "
+            f"{meta['threads']} threads")
+
+
+def plot(out_dir: Path, summary: dict[str, dict]) -> list[Path]:
+    """Speedup per mode (median, with per-prompt points) and the time split per mode."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    modes = list(summary)
+    fig, ax = plt.subplots(figsize=(8, 4))
+    med = [summary[m]["speedup_vs_target"] or 0 for m in modes]
+    ax.bar(modes, med, color=["#999" if m.startswith(("target", "hf")) else "#3a7" for m in modes])
+    for i, m in enumerate(modes):
+        pts = summary[m]["speedup_per_prompt"]
+        ax.scatter([i] * len(pts), pts, s=8, color="k", zorder=3)
+    ax.axhline(1.0, color="r", lw=0.8, ls="--")
+    ax.set_ylabel("speedup vs target alone (tokens/s ratio)")
+    ax.set_title("median speedup per mode (dots: prompts)")
+    fig.autofmt_xdate(rotation=30)
+    fig.tight_layout()
+    fig.savefig(out_dir / "speedup.png", dpi=110)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(8, 4))
+    bottom = [0.0] * len(modes)
+    for part, color in (("draft", "#48c"), ("verify", "#c84"), ("bridge", "#8c4"), ("other", "#aaa")):
+        vals = [summary[m]["time_split_s"][part] / max(summary[m]["new_tokens"], 1) * 1000 for m in modes]
+        ax.bar(modes, vals, bottom=bottom, label=part, color=color)
+        bottom = [b + v for b, v in zip(bottom, vals)]
+    ax.set_ylabel("ms per generated token")
+    ax.set_title("where the time goes")
+    ax.legend()
+    fig.autofmt_xdate(rotation=30)
+    fig.tight_layout()
+    fig.savefig(out_dir / "time_split.png", dpi=110)
+    plt.close(fig)
+    return [out_dir / "speedup.png", out_dir / "time_split.png"]

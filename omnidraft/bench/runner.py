@@ -1,0 +1,186 @@
+"""``omnidraft bench``: every mode on the same loaded weights and prompts, interleaved per prompt.
+
+Modes run A B C, A B C, … per prompt after one warm-up of each, so a machine that drifts (other
+jobs, thermal) hurts all modes alike. Speedups are per-prompt ratios of tokens/s against the
+``target`` mode (our engine, target alone), summarised by median and mean; absolute times are
+reported but only ratios are meant to be compared across machines.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from omnidraft.config import DecodeConfig
+from omnidraft.decode import SpeculativeDecoder
+from omnidraft.ngram.trie import NgramTrie
+
+OUR_MODES = ("target", "greedy", "greedy-nocache", "tli", "omnidraft")
+HF_MODES = ("hf-target", "hf-uag")
+ALL_MODES = OUR_MODES + HF_MODES
+DEFAULT_MODES = ("target", "hf-target", "hf-uag", "greedy", "greedy-nocache", "tli", "omnidraft")
+GREEDY_MODES = ("target", "hf-target", "hf-uag", "greedy", "greedy-nocache")
+
+
+@dataclass
+class PromptRun:
+    """One mode on one prompt."""
+
+    token_ids: list[int]
+    wall_s: float
+    target_forwards: int
+    drafted_tokens: int = 0
+    proposed_tokens: int = 0
+    accepted_tokens: int = 0
+    acceptance_rate: float | None = None
+    ngram_hits_proposed: int = 0
+    ngram_hits_accepted: int = 0
+    split: dict[str, float] = field(default_factory=dict)  # draft / verify / bridge / other seconds
+
+    @property
+    def tokens_per_s(self) -> float:
+        return len(self.token_ids) / self.wall_s if self.wall_s > 0 else 0.0
+
+
+def interleave(num_prompts: int, modes: Sequence[str]) -> list[tuple[int, str]]:
+    """The run order: every mode on prompt 0, then every mode on prompt 1, …"""
+    return [(p, m) for p in range(num_prompts) for m in modes]
+
+
+def summarize(runs: dict[str, list[PromptRun]], baseline: str = "target") -> dict[str, dict]:
+    """Per-mode table: tokens/s, per-prompt speedup vs ``baseline`` (median, mean), acceptance…"""
+    base = runs.get(baseline)
+    out: dict[str, dict] = {}
+    for mode, mode_runs in runs.items():
+        tokens = sum(len(r.token_ids) for r in mode_runs)
+        wall = sum(r.wall_s for r in mode_runs)
+        forwards = sum(r.target_forwards for r in mode_runs)
+        ratios = [r.tokens_per_s / b.tokens_per_s for r, b in zip(mode_runs, base) if b.tokens_per_s > 0] if base else []
+        rates = [r.acceptance_rate for r in mode_runs if r.acceptance_rate is not None]
+        split = {k: sum(r.split.get(k, 0.0) for r in mode_runs) for k in ("draft", "verify", "bridge", "other")}
+        row = {
+            "prompts": len(mode_runs),
+            "new_tokens": tokens,
+            "wall_s": wall,
+            "tokens_per_s": tokens / wall if wall > 0 else 0.0,
+            "speedup_vs_target": statistics.median(ratios) if ratios else None,
+            "speedup_vs_target_mean": statistics.fmean(ratios) if ratios else None,
+            "speedup_per_prompt": ratios,
+            "acceptance_rate": statistics.fmean(rates) if rates else None,
+            "tokens_per_target_forward": tokens / forwards if forwards else None,
+            "ngram_hits_proposed": sum(r.ngram_hits_proposed for r in mode_runs),
+            "ngram_hits_accepted": sum(r.ngram_hits_accepted for r in mode_runs),
+            "time_split_s": split,
+        }
+        if mode in GREEDY_MODES and base:
+            row["identical_to_target"] = all(r.token_ids == b.token_ids for r, b in zip(mode_runs, base))
+        out[mode] = row
+    return out
+
+
+# ---- modes ---------------------------------------------------------------------------------------
+ModeFn = Callable[[list[int]], PromptRun]
+
+
+def our_mode(decoder: SpeculativeDecoder, config: DecodeConfig) -> ModeFn:
+    """A mode of our engine: the decoder's own stats give the counters and the time split."""
+
+    def run(prompt_ids: list[int]) -> PromptRun:
+        result = decoder.generate(prompt_ids, config)
+        s = result.stats
+        other = max(s.wall_s - s.draft_s - s.verify_s - s.bridge_s, 0.0)
+        drafting = decoder.drafter is not None
+        return PromptRun(result.token_ids, s.wall_s, s.target_forwards, s.drafted_tokens, s.proposed_tokens,
+                         s.accepted_tokens, s.acceptance_rate if drafting else None, s.ngram_hits_proposed,
+                         s.ngram_hits_accepted, {"draft": s.draft_s, "verify": s.verify_s, "bridge": s.bridge_s, "other": other})
+
+    return run
+
+
+class _ForwardCounter:
+    """Counts forward calls of a module (how many target / assistant passes transformers makes)."""
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        self.count = 0
+        self._handle = module.register_forward_hook(self._hook)
+
+    def _hook(self, *_: object) -> None:
+        self.count += 1
+
+    def close(self) -> None:
+        self._handle.remove()
+
+
+def hf_mode(target_model, target_tok, max_new_tokens: int, assistant=None, assistant_tok=None) -> ModeFn:
+    """transformers' own ``generate``: plain greedy, or universal assisted generation (UAG)."""
+
+    def run(prompt_ids: list[int]) -> PromptRun:
+        ids = torch.tensor([prompt_ids])
+        kwargs = dict(max_new_tokens=max_new_tokens, do_sample=False, attention_mask=torch.ones_like(ids))
+        if assistant is not None:
+            kwargs.update(assistant_model=assistant, tokenizer=target_tok, assistant_tokenizer=assistant_tok)
+        t_count = _ForwardCounter(target_model)
+        a_count = _ForwardCounter(assistant) if assistant is not None else None
+        start = time.perf_counter()
+        try:
+            with torch.inference_mode():
+                out = target_model.generate(ids, **kwargs)[0, len(prompt_ids):].tolist()
+        finally:
+            t_count.close()
+            if a_count:
+                a_count.close()
+        wall = time.perf_counter() - start
+        run_ = PromptRun(out, wall, t_count.count, split={"other": wall})
+        if a_count is not None:
+            # UAG does not report acceptance; one assistant forward ≈ one drafted token, and every
+            # target forward emits one token of its own, so accepted ≈ emitted − target forwards.
+            run_.drafted_tokens = run_.proposed_tokens = a_count.count
+            run_.accepted_tokens = max(len(out) - t_count.count, 0)
+            run_.acceptance_rate = run_.accepted_tokens / a_count.count if a_count.count else 0.0
+        return run_
+
+    return run
+
+
+def build_modes(pipe, modes: Sequence[str], max_new_tokens: int, draft_len: int, temperature: float,
+                seed: int, ngrams_factory: Callable[[], NgramTrie] = NgramTrie) -> dict[str, ModeFn]:
+    """Mode name -> runner, all sharing the pipeline's target engine, drafter and weights."""
+    base = pipe.decoder
+    target, drafter, bridge = base.target, base.drafter, base.bridge
+    greedy = DecodeConfig(max_new_tokens=max_new_tokens, verify="greedy", draft_len=draft_len)
+    sample = dict(max_new_tokens=max_new_tokens, draft_len=draft_len, temperature=temperature, seed=seed)
+    table: dict[str, Callable[[], ModeFn]] = {
+        "target": lambda: our_mode(SpeculativeDecoder(target), greedy),
+        "greedy": lambda: our_mode(SpeculativeDecoder(target, drafter, bridge, ngrams_factory()), greedy),
+        "greedy-nocache": lambda: our_mode(SpeculativeDecoder(target, drafter, bridge, NgramTrie()),
+                                           DecodeConfig(max_new_tokens=max_new_tokens, verify="greedy", draft_len=draft_len, use_ngram=False)),
+        "tli": lambda: our_mode(SpeculativeDecoder(target, drafter, bridge, NgramTrie()), DecodeConfig(verify="tli", **sample)),
+        "omnidraft": lambda: our_mode(SpeculativeDecoder(target, drafter, bridge, ngrams_factory()), DecodeConfig(verify="omnidraft", **sample)),
+        "hf-target": lambda: hf_mode(pipe.target_model, target.tokenizer, max_new_tokens),
+        "hf-uag": lambda: hf_mode(pipe.target_model, target.tokenizer, max_new_tokens, pipe.drafter_model, bridge.drafter_tokenizer),
+    }
+    unknown = [m for m in modes if m not in table]
+    if unknown:
+        raise ValueError(f"unknown bench modes {unknown}; known: {', '.join(ALL_MODES)}")
+    return {m: table[m]() for m in modes}
+
+
+def run_bench(mode_fns: dict[str, ModeFn], prompts: list[list[int]], warmup: list[int] | None = None,
+              progress: bool = True) -> dict[str, list[PromptRun]]:
+    """Warm every mode up once, then run them interleaved per prompt."""
+    from tqdm.auto import tqdm
+
+    if warmup is not None:
+        for fn in mode_fns.values():
+            fn(warmup)
+    runs: dict[str, list[PromptRun]] = {m: [] for m in mode_fns}
+    order = interleave(len(prompts), list(mode_fns))
+    bar = tqdm(order, desc="bench", disable=not progress, unit="run")
+    for p, mode in bar:
+        runs[mode].append(mode_fns[mode](prompts[p]))
+        bar.set_postfix_str(f"prompt {p + 1}/{len(prompts)} {mode}")
+    return runs

@@ -1,0 +1,93 @@
+"""Bench bookkeeping on hand-made runs and a tiny model, plus one real smoke run of the CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from omnidraft.bench.report import markdown_table
+from omnidraft.bench.runner import PromptRun, interleave, our_mode, run_bench, summarize
+from omnidraft.config import DecodeConfig
+from omnidraft.decode import SpeculativeDecoder
+from omnidraft.target import LocalTarget
+
+from conftest import DRAFTER, TEST_HOME
+from tiny import tiny_model, tiny_tokenizer
+
+
+def test_interleave_runs_every_mode_per_prompt_in_turn():
+    assert interleave(2, ["a", "b", "c"]) == [(0, "a"), (0, "b"), (0, "c"), (1, "a"), (1, "b"), (1, "c")]
+
+
+def run(ids, wall, forwards, rate=None):
+    return PromptRun(list(ids), wall, forwards, acceptance_rate=rate, split={"draft": wall / 2, "verify": wall / 2})
+
+
+def test_summarize_ratios_and_identity():
+    runs = {
+        "target": [run([1, 2, 3, 4], 4.0, 4), run([5, 6], 1.0, 2)],
+        "greedy": [run([1, 2, 3, 4], 2.0, 2, 0.5), run([5, 6], 1.0, 1, 1.0)],  # 2x and 1x per prompt
+        "greedy-nocache": [run([1, 2, 3, 9], 1.0, 2, 0.25), run([5, 6], 0.5, 1, 0.5)],
+    }
+    s = summarize(runs)
+    assert s["target"]["speedup_vs_target"] == 1.0 and s["target"]["identical_to_target"]
+    assert s["greedy"]["speedup_per_prompt"] == [2.0, 1.0]
+    assert s["greedy"]["speedup_vs_target"] == 1.5 and s["greedy"]["speedup_vs_target_mean"] == 1.5
+    assert s["greedy"]["tokens_per_s"] == 6 / 3.0
+    assert s["greedy"]["tokens_per_target_forward"] == 2.0
+    assert s["greedy"]["acceptance_rate"] == 0.75
+    assert s["greedy"]["identical_to_target"] is True
+    assert s["greedy-nocache"]["identical_to_target"] is False
+    assert s["target"]["acceptance_rate"] is None
+    table = markdown_table(s)
+    assert "| greedy | 2.00 | 1.50× |" in table and "NO" in table
+
+
+def test_run_bench_on_a_tiny_model_shares_prompts_and_orders_runs():
+    tok = tiny_tokenizer(300)
+    target = LocalTarget(tiny_model(len(tok), seed=3), tok)
+    seen = []
+
+    def spy(name, fn):
+        def wrapped(ids):
+            seen.append((name, tuple(ids)))
+            return fn(ids)
+        return wrapped
+
+    cfg = DecodeConfig(max_new_tokens=6)
+    modes = {"target": spy("target", our_mode(SpeculativeDecoder(target), cfg)),
+             "again": spy("again", our_mode(SpeculativeDecoder(target), cfg))}
+    prompts = [tok.encode("the cat"), tok.encode("def add")]
+    runs = run_bench(modes, prompts, warmup=tok.encode("numbers"), progress=False)
+    assert [name for name, _ in seen] == ["target", "again"] * 3
+    assert seen[2][1] == seen[3][1] == tuple(prompts[0])
+    summary = summarize(runs)
+    assert summary["again"]["identical_to_target"] is True  # same engine, same greedy output
+    assert all(len(r.token_ids) == 6 for r in runs["target"])
+
+
+@pytest.mark.real
+def test_bench_cli_smoke(tmp_path):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "def add(a, b):\\n"}\n{"prompt": "The sky is blue because", "chat": true}\n')
+    out = tmp_path / "out"
+    env = dict(os.environ, OMNIDRAFT_HOME=str(TEST_HOME))
+    proc = subprocess.run([sys.executable, "-m", "omnidraft", "bench", "--drafter", DRAFTER, "--target", "builtin:qwen2.5-coder-0.5b",
+                           "--prompts", str(prompts), "--n", "2", "--max-new-tokens", "16", "--out", str(out)],
+                          capture_output=True, text=True, env=env, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    res = json.loads((out / "results.json").read_text())
+    modes = res["modes"]
+    assert set(modes) == {"target", "hf-target", "hf-uag", "greedy", "greedy-nocache", "tli", "omnidraft"}
+    for name in ("greedy", "greedy-nocache", "hf-target"):
+        assert modes[name]["identical_to_target"] is True, name
+    for name, row in modes.items():
+        assert row["tokens_per_s"] > 0 and row["prompts"] == 2
+        assert row["speedup_vs_target"] > 0
+    assert modes["greedy"]["tokens_per_target_forward"] > 1.0
+    assert (out / "results.md").read_text().count("\n|") >= 8
+    assert (out / "speedup.png").stat().st_size > 1000 and (out / "time_split.png").stat().st_size > 1000
