@@ -13,6 +13,8 @@ from collections.abc import Sequence
 import torch
 from transformers import DynamicCache
 
+from omnidraft import fastlinear
+
 
 def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
     """Length of the longest common prefix; fast path when one list extends the other."""
@@ -38,8 +40,8 @@ def output_vocab_size(model: torch.nn.Module) -> int:
 class CachedLM:
     """Model + KV cache + the token ids the cache holds."""
 
-    def __init__(self, model: torch.nn.Module) -> None:
-        self.model = model
+    def __init__(self, model: torch.nn.Module, transposed_head: bool = False) -> None:
+        self.model = fastlinear.install(model, transposed_head)
         self.device = next(model.parameters()).device
         self.vocab_size = output_vocab_size(model)
         self.reset()
@@ -63,7 +65,8 @@ class CachedLM:
         self.crop(min(common_prefix_len(self.cached_ids, ids), len(ids) - keep))
         new = list(ids[len(self.cached_ids):])
         input_ids = torch.tensor([new], dtype=torch.long, device=self.device)
-        out = self.model(input_ids=input_ids, past_key_values=self.cache, use_cache=True, logits_to_keep=keep)
+        with fastlinear.enabled():
+            out = self.model(input_ids=input_ids, past_key_values=self.cache, use_cache=True, logits_to_keep=keep)
         self.cache = out.past_key_values
         self.cached_ids.extend(new)
         return out.logits[0, -keep:].float()
@@ -71,8 +74,9 @@ class CachedLM:
     @torch.inference_mode()
     def step(self, token: int) -> torch.Tensor:
         """Feed one token after the cached ones (the drafting hot path: no prefix bookkeeping)."""
-        out = self.model(input_ids=torch.tensor([[token]], device=self.device), past_key_values=self.cache,
-                         use_cache=True, logits_to_keep=1)
+        with fastlinear.enabled():
+            out = self.model(input_ids=torch.tensor([[token]], device=self.device), past_key_values=self.cache,
+                             use_cache=True, logits_to_keep=1)
         self.cache = out.past_key_values
         self.cached_ids.append(token)
         return out.logits[0, -1].float()

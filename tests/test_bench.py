@@ -60,13 +60,13 @@ def test_run_bench_on_a_tiny_model_shares_prompts_and_orders_runs():
 
     cfg = DecodeConfig(max_new_tokens=6)
     modes = {"target": spy("target", our_mode(SpeculativeDecoder(target), cfg)),
-             "again": spy("again", our_mode(SpeculativeDecoder(target), cfg))}
+             "greedy": spy("greedy", our_mode(SpeculativeDecoder(target), cfg))}
     prompts = [tok.encode("the cat"), tok.encode("def add")]
     runs = run_bench(modes, prompts, warmup=tok.encode("numbers"), progress=False)
-    assert [name for name, _ in seen] == ["target", "again"] * 3
+    assert [name for name, _ in seen] == ["target", "greedy"] * 3
     assert seen[2][1] == seen[3][1] == tuple(prompts[0])
     summary = summarize(runs)
-    assert summary["again"]["identical_to_target"] is True  # same engine, same greedy output
+    assert summary["greedy"]["identical_to_target"] is True  # same engine, same greedy output
     assert all(len(r.token_ids) == 6 for r in runs["target"])
 
 

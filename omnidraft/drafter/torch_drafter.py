@@ -29,7 +29,7 @@ class Drafter:
     """Autoregressive drafting over a cached causal LM with a translatability mask."""
 
     def __init__(self, model: torch.nn.Module, bridge: VocabBridge, stop_ids: Sequence[int] = ()) -> None:
-        self.lm = CachedLM(model)
+        self.lm = CachedLM(model, transposed_head=True)  # drafting decodes one row at a time
         self.bridge = bridge
         self.stop_ids = {int(t) for t in stop_ids}  # drafter ids after which drafting is pointless
         vocab = self.lm.vocab_size
