@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from omnidraft.errors import OmnidraftError
 
 VERIFIERS = ("greedy", "omnidraft", "tli")
+TRANSLATIONS = ("auto", "text", "tokens")
 
 
 @dataclass
@@ -22,10 +23,22 @@ class DecodeConfig:
     # A cheap stand-in for the learned acceptance head: a doubtful token is rarely accepted, and
     # every token drafted after it is wasted drafter time.
     draft_confidence: float = 0.0
+    # How drafted tokens become target tokens: "tokens" is the paper's direct mapping + n-gram
+    # cache (eq. (1), needed by the sampling verifiers); "text" re-tokenizes the drafted text
+    # with the target tokenizer (SLEM-style, greedy only); "auto" picks text for greedy.
+    translate: str = "auto"
+
+    @property
+    def text_translation(self) -> bool:
+        return self.translate == "text" or (self.translate == "auto" and self.verify == "greedy")
 
     def validate(self) -> None:
         if self.verify not in VERIFIERS:
             raise OmnidraftError(f"unknown verifier {self.verify!r}; choose one of {', '.join(VERIFIERS)}")
+        if self.translate not in TRANSLATIONS:
+            raise OmnidraftError(f"unknown translation {self.translate!r}; choose one of {', '.join(TRANSLATIONS)}")
+        if self.translate == "text" and self.verify != "greedy":
+            raise OmnidraftError("text translation has no per-token draft probabilities: use it with --verify greedy")
         if self.max_new_tokens < 1:
             raise OmnidraftError("--max-new-tokens must be at least 1")
         if self.draft_len < 1:

@@ -162,13 +162,14 @@ class SpeculativeDecoder:
         if remaining <= 1:  # nothing left to speculate on: one plain target step
             return self._target_step(ids, ctx, config, generator)
         sampling = config.verify != "greedy"
-        ngrams = self.ngrams if config.use_ngram and config.verify != "tli" else None
+        text = config.text_translation
+        ngrams = self.ngrams if config.use_ngram and config.verify != "tli" and not text else None
         t0 = time.perf_counter()
         draft = self.drafter.draft(ctx.ids, min(config.draft_len, remaining - 1), ngrams,
                                    config.temperature, config.top_p, generator, keep_q=sampling,
-                                   confidence=config.draft_confidence)
+                                   confidence=config.draft_confidence, free=text)
         t1 = time.perf_counter()
-        tr = self.bridge.forward(draft.tokens, ngrams)
+        tr = self.bridge.forward_text(ids, draft.tokens) if text else self.bridge.forward(draft.tokens, ngrams)
         proposed = tr.target_ids[: remaining - 1]
         t2 = time.perf_counter()
         logits = self.target.score(ids + proposed, len(proposed))
@@ -183,15 +184,29 @@ class SpeculativeDecoder:
         emitted, done = self._finish(proposed[:n] + [nxt], remaining)
         self._count(draft, tr, proposed, n)
         if not done:  # reverse translation (Algorithm 1, lines 17-19)
-            kept = min(n, len(emitted))
-            ctx.extend_accepted(draft.tokens, tr.spans[kept - 1][1] if kept else 0)
-            for tok in emitted[kept:]:
-                ctx.append_target(tok, self.ngrams if config.use_ngram else None)
+            self._reverse(ctx, draft, tr, emitted, n, text, self.ngrams if config.use_ngram else None)
         t4 = time.perf_counter()
         stats.draft_s += t1 - t0
         stats.verify_s += t3 - t2
         stats.bridge_s += (t2 - t1) + (t4 - t3)
         return emitted, done
+
+    def _reverse(self, ctx: DrafterContext, draft: Draft, tr: Translation, emitted: list[int], accepted: int,
+                 text: bool, ngrams: NgramTrie | None) -> None:
+        """Accepted proposals go back as the drafter tokens that produced them; the rest re-tokenized."""
+        kept = min(accepted, len(emitted))
+        if text:
+            accepted_bytes = b"".join(self.bridge.target_bytes(t) or b"" for t in emitted[:kept])
+            leftover = ctx.extend_accepted_bytes(draft.tokens, accepted_bytes)
+            for tok in emitted[kept:]:
+                ctx.append_target(tok, ngrams, before=leftover)
+                leftover = b""
+            if leftover:
+                ctx.append_bytes(leftover)
+            return
+        ctx.extend_accepted(draft.tokens, tr.spans[kept - 1][1] if kept else 0)
+        for tok in emitted[kept:]:
+            ctx.append_target(tok, ngrams)
 
     def _count(self, draft: Draft, tr: Translation, proposed: list[int], accepted: int) -> None:
         s = self.stats

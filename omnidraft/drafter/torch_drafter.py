@@ -36,6 +36,10 @@ class Drafter:
         bias = torch.full((vocab,), float("-inf"))
         bias[: len(bridge.dm_bias)] = bridge.dm_bias[:vocab]
         self.dm_bias = bias
+        # Text translation can carry any drafter token with bytes, and specials with a partner.
+        text_ok = [data is not None or bridge.d2t_list[i] >= 0 for i, data in enumerate(bridge.d.token_bytes[:vocab])]
+        self.text_bias = torch.full((vocab,), float("-inf"))
+        self.text_bias[: len(text_ok)] = torch.where(torch.tensor(text_ok), 0.0, float("-inf"))
         self._root_version = -1
         self._root_extra = torch.empty(0, dtype=torch.long)
 
@@ -74,6 +78,7 @@ class Drafter:
         generator: torch.Generator | None = None,
         keep_q: bool = False,
         confidence: float = 0.0,
+        free: bool = False,
     ) -> Draft:
         """Draft up to ``k`` tokens after ``context`` (drafter ids); stop early after a token whose
         draft probability is below ``confidence``."""
@@ -82,7 +87,7 @@ class Drafter:
         active: list[TrieNode] = []
         logits = self.lm.logits_for(context)[0]
         for step in range(k):
-            masked = logits + self._bias(ngrams, active)
+            masked = logits + (self.text_bias if free else self._bias(ngrams, active))
             doubtful = False
             if temperature <= 0 and not keep_q:
                 tok = int(masked.argmax())

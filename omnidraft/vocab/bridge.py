@@ -114,6 +114,51 @@ class VocabBridge:
             i += 1
         return out
 
+    # ---- forward translation through text (SLEM-style, greedy only) ----------------------------
+    def forward_text(self, context: Sequence[int], drafted: Sequence[int], look_behind: int = 3) -> Translation:
+        """Re-tokenize the drafted *text* with the target tokenizer, after a look-behind of context.
+
+        Token-level mapping cannot express a drafter token that spans two target tokens: SmolLM2
+        spells a new code line as '\n' + indent in one token, Qwen as '):\n' then the indent, so
+        every line break of code would be rejected. Re-tokenizing the text (what SLEM does) aligns
+        any split. Greedy verification stays lossless whatever is proposed; the sampling verifiers
+        need per-token q and use :meth:`forward`. ``spans`` are left empty: the mapping from target
+        to drafted tokens is by bytes (see ``DrafterContext.extend_accepted_bytes``).
+        """
+        out = Translation()
+        text, tail_special = bytearray(), None
+        for tok in drafted:
+            data = self.d.token_bytes[tok]
+            if data is None:  # a special token ends the text; keep it if the target has it
+                mapped = self.d2t_list[tok]
+                tail_special = mapped if mapped >= 0 else None
+                break
+            text += data
+        start = len(context)
+        while start > 0 and len(context) - start < look_behind and self.t.token_bytes[context[start - 1]] is not None:
+            start -= 1
+        behind = b"".join(self.t.token_bytes[t] for t in context[start:])
+        full = (behind + bytes(text)).decode("utf-8", errors="ignore").encode("utf-8")  # drop a cut character
+        if len(full) > len(behind):
+            ids = self.target_tokenizer.encode(full.decode("utf-8"), add_special_tokens=False)
+            out.target_ids = self._after_boundary(ids, len(behind))
+        if tail_special is not None and len(full) == len(behind) + len(text):
+            out.target_ids.append(tail_special)
+        out.ngram = [False] * len(out.target_ids)
+        return out
+
+    def _after_boundary(self, ids: list[int], boundary: int) -> list[int]:
+        """The tokens after byte offset ``boundary``, if a token boundary falls there; else none."""
+        offset = 0
+        for i, tok in enumerate(ids):
+            if offset == boundary:
+                return ids[i:]
+            data = self.t.token_bytes[tok]
+            if data is None:
+                return []
+            offset += len(data)
+        return []
+
     # ---- bytes -> drafter tokens (reverse translation) ------------------------------------------
     def drafter_encode(self, data: bytes) -> list[int]:
         """Drafter tokens whose bytes are exactly ``data`` (no BOS/EOS added).

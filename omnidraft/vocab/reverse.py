@@ -38,22 +38,46 @@ class DrafterContext:
             if self.bridge.drafter_bytes(self.ids[pos]) is None:
                 self.barrier = pos + 1
 
-    def append_target(self, target_id: int, ngrams: NgramTrie | None) -> None:
-        """Append one corrected/bonus target token; learn an n-gram if it shows a 1 -> n mapping."""
+    def extend_accepted_bytes(self, drafted: Sequence[int], accepted: bytes) -> bytes:
+        """Keep the drafted tokens that lie wholly inside the accepted text; return the rest of it.
+
+        Used after text-level translation, where target tokens do not map to drafted spans.
+        """
+        used, kept = 0, 0
+        for tok in drafted:
+            data = self.bridge.drafter_bytes(tok)
+            if data is None or used + len(data) > len(accepted) or accepted[used:used + len(data)] != data:
+                break
+            used += len(data)
+            kept += 1
+        self.extend_accepted(drafted, kept)
+        return accepted[used:]
+
+    def append_target(self, target_id: int, ngrams: NgramTrie | None, before: bytes = b"") -> None:
+        """Append one corrected/bonus target token (after ``before``, accepted text the drafter has
+        not seen yet); learn an n-gram if it shows a 1 -> n mapping."""
         data = self.bridge.target_bytes(target_id)
         if data is None:  # special token: literal-text partner or nothing
+            if before:
+                self.append_bytes(before)
             mapped = int(self.bridge.t2d[target_id]) if target_id < len(self.bridge.t2d) else -1
             if mapped >= 0:
                 self.ids.append(mapped)
                 self.barrier = len(self.ids)
             return
+        self.append_bytes(before + data, target_id if ngrams is not None else None, ngrams, len(before))
+
+    def append_bytes(self, data: bytes, target_id: int | None = None, ngrams: NgramTrie | None = None,
+                     target_start: int = 0) -> None:
+        """Append text, re-tokenized with a look-behind; ``data[target_start:]`` is target token
+        ``target_id``, learned as an n-gram when drafter tokens cover it exactly."""
         start = self._window_start()
         old = self.ids[start:]
         prefix = b"".join(self.bridge.drafter_bytes(t) for t in old)
         new = self.bridge.drafter_encode(prefix + data)
         self.ids[start:] = new
-        if ngrams is not None and self.bridge.t2d[target_id] < 0:
-            self._learn(new, len(prefix), len(prefix) + len(data), target_id, ngrams)
+        if ngrams is not None and target_id is not None and self.bridge.t2d[target_id] < 0:
+            self._learn(new, len(prefix) + target_start, len(prefix) + len(data), target_id, ngrams)
 
     def _window_start(self) -> int:
         """Start of the look-behind: LOOK_BEHIND tokens back, moved to a UTF-8 character start."""
