@@ -8,13 +8,14 @@ from omnidraft.errors import OmnidraftError
 
 VERIFIERS = ("greedy", "omnidraft", "tli")
 TRANSLATIONS = ("auto", "text", "tokens")
+DEFAULT_DRAFTER_DTYPE = "bfloat16"  # fastest drafter on CPU that `omnidraft bench` found (README, performance)
 
 
 @dataclass
 class DecodeConfig:
     max_new_tokens: int = 64
     verify: str = "greedy"
-    draft_len: int = 5
+    draft_len: int = 8
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int = 0
@@ -22,7 +23,7 @@ class DecodeConfig:
     # Stop drafting once the drafter's probability for its own token falls below this (0: never).
     # A cheap stand-in for the learned acceptance head: a doubtful token is rarely accepted, and
     # every token drafted after it is wasted drafter time.
-    draft_confidence: float = 0.0
+    draft_confidence: float = 0.6
     # How drafted tokens become target tokens: "tokens" is the paper's direct mapping + n-gram
     # cache (eq. (1), needed by the sampling verifiers); "text" re-tokenizes the drafted text
     # with the target tokenizer (SLEM-style, greedy only); "auto" picks text for greedy.

@@ -10,6 +10,7 @@ import torch
 from omnidraft import models
 from omnidraft.decode import SpeculativeDecoder
 from omnidraft.drafter import Drafter
+from omnidraft.config import DEFAULT_DRAFTER_DTYPE
 from omnidraft.errors import OmnidraftError
 from omnidraft.kv import output_vocab_size
 from omnidraft.ngram.trie import NgramTrie
@@ -83,7 +84,7 @@ def convert_drafter(model: torch.nn.Module, dtype: str) -> torch.nn.Module:
 
 
 def load_pipeline(target_spec: str, drafter_spec: str | None, *, home=None, dtype: str = "float32",
-                  drafter_dtype: str = "float32", cache: CacheOptions | None = None, quiet: bool = False) -> Pipeline:
+                  drafter_dtype: str = DEFAULT_DRAFTER_DTYPE, cache: CacheOptions | None = None, quiet: bool = False) -> Pipeline:
     """Load target (and drafter unless None/'none') and wire bridge, n-gram cache, drafter, decoder."""
     for spec in (target_spec, drafter_spec):
         if spec not in (None, "none"):

@@ -82,8 +82,8 @@ def test_bench_cli_smoke(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     res = json.loads((out / "results.json").read_text())
     modes = res["modes"]
-    assert set(modes) == {"target", "hf-target", "hf-uag", "greedy", "greedy-nocache", "tli", "omnidraft"}
-    for name in ("greedy", "greedy-nocache", "hf-target"):
+    assert set(modes) == {"target", "hf-target", "hf-uag", "greedy", "greedy-ngram", "greedy-nocache", "tli", "omnidraft"}
+    for name in ("greedy", "greedy-ngram", "greedy-nocache", "hf-target"):
         assert modes[name]["identical_to_target"] is True, name
     for name, row in modes.items():
         assert row["tokens_per_s"] > 0 and row["prompts"] == 2

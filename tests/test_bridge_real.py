@@ -74,3 +74,38 @@ def test_bytes_the_drafter_cannot_spell_are_skipped_not_fatal(bridge):
     d_ids = bridge.target_to_drafter(bridge.target_tokenizer.encode(text, add_special_tokens=False))
     spelled = b"".join(bridge.drafter_bytes(i) for i in d_ids)
     assert spelled.startswith(b"ok ") and spelled.endswith(b" fine")
+
+
+@pytest.fixture(scope="module")
+def qwen_bridge(real_models):
+    d_model, d_tok = real_models(DRAFTER)
+    t_model, t_tok = real_models("builtin:qwen2.5-coder-0.5b")
+    return build_bridge(d_model, d_tok, t_model, t_tok)
+
+
+@pytest.mark.real
+def test_text_translation_aligns_a_drafter_token_spanning_two_target_tokens(qwen_bridge):
+    """SmolLM2 spells a new code line as one '\\n' + indent token; Qwen as '):\\n' + indent."""
+    br = qwen_bridge
+    context = br.target_tokenizer.encode("    for i in range(len(numbers", add_special_tokens=False)
+    drafted = br.drafter_tokenizer.encode(")):\n        for j", add_special_tokens=False)
+    newline_indent = [d for d in drafted if br.drafter_bytes(d) == b"\n       "]
+    assert newline_indent and br.d2t_list[newline_indent[0]] < 0  # no direct mapping exists
+    assert br.forward(drafted, NgramTrie()).target_ids == br.forward(drafted[:1], None).target_ids  # token path stops
+    proposed = br.forward_text(context, drafted).target_ids
+    canonical = br.target_tokenizer.encode("    for i in range(len(numbers)):\n        for j", add_special_tokens=False)
+    assert context + proposed == canonical
+
+
+@pytest.mark.real
+def test_reverse_after_text_translation_keeps_whole_drafted_tokens(qwen_bridge):
+    br = qwen_bridge
+    ctx = DrafterContext(br, br.target_tokenizer.encode("x = 1", add_special_tokens=False))
+    before = list(ctx.ids)
+    drafted = br.drafter_tokenizer.encode(" + 2\nprint(x)", add_special_tokens=False)
+    accepted = b" + 2\npr"  # the target accepted text ending inside a drafted token
+    rest = ctx.extend_accepted_bytes(drafted, accepted)
+    kept = ctx.ids[len(before):]
+    assert kept == drafted[: len(kept)] and b"".join(br.drafter_bytes(t) for t in kept) + rest == accepted
+    ctx.append_target(br.target_tokenizer.encode("int", add_special_tokens=False)[0], None, before=rest)
+    assert b"".join(br.drafter_bytes(t) for t in ctx.ids) == b"x = 1 + 2\nprint"

@@ -32,19 +32,20 @@ def _tie_gap(model, ids: list[int]) -> float:
 
 
 @pytest.mark.real
+@pytest.mark.parametrize("translate", ["text", "tokens"])
 @pytest.mark.parametrize("target_spec", TARGETS)
 @pytest.mark.parametrize("name,text,chat", PROMPTS, ids=[p[0] for p in PROMPTS])
-def test_greedy_speculative_equals_target_greedy(real_pipeline, target_spec, name, text, chat):
+def test_greedy_speculative_equals_target_greedy(real_pipeline, target_spec, name, text, chat, translate):
     decoder, model, tok = real_pipeline(target_spec)
     ids = encode_prompt(tok, text, chat=chat)
     with torch.inference_mode():
         ref = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
                              max_new_tokens=NEW_TOKENS, do_sample=False)[0, len(ids):].tolist()
-    got = decoder.generate(ids, DecodeConfig(max_new_tokens=NEW_TOKENS, verify="greedy", draft_len=5)).token_ids
+    got = decoder.generate(ids, DecodeConfig(max_new_tokens=NEW_TOKENS, verify="greedy", draft_len=5, translate=translate)).token_ids
     assert decoder.stats.target_forwards < len(got), "speculation should save target forwards"
     if got == ref:
         return
     pos = next(i for i, (a, b) in enumerate(zip(got, ref)) if a != b) if got[: len(ref)] != ref[: len(got)] else min(len(got), len(ref))
     gap = _tie_gap(model, ids + ref[:pos])
-    print(f"[{target_spec} {name}] outputs diverge at token {pos}: top-2 logit gap {gap:.2e}")
+    print(f"[{target_spec} {name} {translate}] outputs diverge at token {pos}: top-2 logit gap {gap:.2e}")
     assert gap < 1e-4, f"diverged at {pos} without a numerical tie (gap {gap:.3g}): {got[pos:pos+5]} vs {ref[pos:pos+5]}"

@@ -46,7 +46,8 @@ def write_results(out_dir: Path, meta: dict, summary: dict[str, dict]) -> list[P
 
 def meta_line(meta: dict) -> str:
     return (f"drafter `{meta['drafter']}` → target `{meta['target']}`, prompts `{meta['prompts']}` × {meta['n']}, "
-            f"{meta['max_new_tokens']} new tokens, draft length {meta['draft_len']}, drafter dtype {meta['drafter_dtype']}, "
+            f"{meta['max_new_tokens']} new tokens, draft length ≤ {meta['draft_len']} (confidence stop {meta['draft_confidence']}), "
+            f"drafter dtype {meta['drafter_dtype']}, sampling modes at T={meta['temperature_sampling_modes']}, "
             f"{meta['threads']} threads")
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -19,11 +19,13 @@ from omnidraft.config import DecodeConfig
 from omnidraft.decode import SpeculativeDecoder
 from omnidraft.ngram.trie import NgramTrie
 
-OUR_MODES = ("target", "greedy", "greedy-nocache", "tli", "omnidraft")
+# greedy: text translation (our default); greedy-ngram: the paper's token mapping + n-gram cache;
+# greedy-nocache: token mapping alone. tli / omnidraft: rejection sampling at --temperature.
+OUR_MODES = ("target", "greedy", "greedy-ngram", "greedy-nocache", "tli", "omnidraft")
 HF_MODES = ("hf-target", "hf-uag")
 ALL_MODES = OUR_MODES + HF_MODES
-DEFAULT_MODES = ("target", "hf-target", "hf-uag", "greedy", "greedy-nocache", "tli", "omnidraft")
-GREEDY_MODES = ("target", "hf-target", "hf-uag", "greedy", "greedy-nocache")
+DEFAULT_MODES = ("target", "hf-target", "hf-uag", "greedy", "greedy-ngram", "greedy-nocache", "tli", "omnidraft")
+GREEDY_MODES = ("target", "hf-target", "hf-uag", "greedy", "greedy-ngram", "greedy-nocache")
 
 
 @dataclass
@@ -146,20 +148,28 @@ def hf_mode(target_model, target_tok, max_new_tokens: int, assistant=None, assis
     return run
 
 
-def build_modes(pipe, modes: Sequence[str], max_new_tokens: int, draft_len: int, temperature: float,
-                seed: int, ngrams_factory: Callable[[], NgramTrie] = NgramTrie) -> dict[str, ModeFn]:
-    """Mode name -> runner, all sharing the pipeline's target engine, drafter and weights."""
-    base = pipe.decoder
-    target, drafter, bridge = base.target, base.drafter, base.bridge
-    greedy = DecodeConfig(max_new_tokens=max_new_tokens, verify="greedy", draft_len=draft_len)
-    sample = dict(max_new_tokens=max_new_tokens, draft_len=draft_len, temperature=temperature, seed=seed)
+def build_modes(pipe, modes: Sequence[str], base: DecodeConfig, temperature: float,
+                ngrams_factory: Callable[[], NgramTrie] = NgramTrie) -> dict[str, ModeFn]:
+    """Mode name -> runner, all sharing the pipeline's target engine, drafter and weights.
+
+    ``base`` carries the shared knobs (max new tokens, draft length, confidence stop, seed).
+    """
+    target, drafter, bridge = pipe.decoder.target, pipe.decoder.drafter, pipe.decoder.bridge
+    max_new_tokens = base.max_new_tokens
+
+    def cfg(**kw) -> DecodeConfig:
+        return replace(base, **kw)
+
+    def spec(config: DecodeConfig, ngrams: NgramTrie) -> ModeFn:
+        return our_mode(SpeculativeDecoder(target, drafter, bridge, ngrams), config)
+
     table: dict[str, Callable[[], ModeFn]] = {
-        "target": lambda: our_mode(SpeculativeDecoder(target), greedy),
-        "greedy": lambda: our_mode(SpeculativeDecoder(target, drafter, bridge, ngrams_factory()), greedy),
-        "greedy-nocache": lambda: our_mode(SpeculativeDecoder(target, drafter, bridge, NgramTrie()),
-                                           DecodeConfig(max_new_tokens=max_new_tokens, verify="greedy", draft_len=draft_len, use_ngram=False)),
-        "tli": lambda: our_mode(SpeculativeDecoder(target, drafter, bridge, NgramTrie()), DecodeConfig(verify="tli", **sample)),
-        "omnidraft": lambda: our_mode(SpeculativeDecoder(target, drafter, bridge, ngrams_factory()), DecodeConfig(verify="omnidraft", **sample)),
+        "target": lambda: our_mode(SpeculativeDecoder(target), cfg(verify="greedy")),
+        "greedy": lambda: spec(cfg(verify="greedy", translate="text"), ngrams_factory()),
+        "greedy-ngram": lambda: spec(cfg(verify="greedy", translate="tokens"), ngrams_factory()),
+        "greedy-nocache": lambda: spec(cfg(verify="greedy", translate="tokens", use_ngram=False), NgramTrie()),
+        "tli": lambda: spec(cfg(verify="tli", temperature=temperature), NgramTrie()),
+        "omnidraft": lambda: spec(cfg(verify="omnidraft", temperature=temperature), ngrams_factory()),
         "hf-target": lambda: hf_mode(pipe.target_model, target.tokenizer, max_new_tokens),
         "hf-uag": lambda: hf_mode(pipe.target_model, target.tokenizer, max_new_tokens, pipe.drafter_model, bridge.drafter_tokenizer),
     }

@@ -6,9 +6,10 @@ import argparse
 import sys
 from pathlib import Path
 
+from omnidraft.config import DEFAULT_DRAFTER_DTYPE, DecodeConfig
 from omnidraft.errors import OmnidraftError
 
-DEFAULT_MODES = "target,hf-target,hf-uag,greedy,greedy-nocache,tli,omnidraft"
+DEFAULT_MODES = "target,hf-target,hf-uag,greedy,greedy-ngram,greedy-nocache,tli,omnidraft"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -20,10 +21,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--offset", type=int, default=0, help="skip this many prompts of the set")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--modes", default=DEFAULT_MODES, help=f"comma-separated (default {DEFAULT_MODES})")
-    p.add_argument("--draft-len", type=int, default=5)
+    p.add_argument("--draft-len", type=int, default=DecodeConfig.draft_len)
+    p.add_argument("--draft-confidence", type=float, default=DecodeConfig.draft_confidence)
     p.add_argument("--temperature", type=float, default=0.7, help="for the sampling modes tli and omnidraft")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--drafter-dtype", default="float32", help="float32 | bfloat16 | int8 (the target stays float32)")
+    p.add_argument("--drafter-dtype", default=DEFAULT_DRAFTER_DTYPE, choices=("float32", "bfloat16", "int8"),
+                   help="drafter precision (the target stays float32; hf-uag uses the same drafter)")
     p.add_argument("--out", type=Path, default=Path("bench_out"))
     p.set_defaults(func=run)
 
@@ -54,12 +57,16 @@ def run(args: argparse.Namespace) -> int:
         raise OmnidraftError(f"--prompts {args.prompts} has no prompts at offset {args.offset}")
     pipe = load_pipeline(args.target, args.drafter, drafter_dtype=args.drafter_dtype)
     prompts = [encode_prompt(pipe.target_tokenizer, r.text, chat=r.chat) for r in records]
-    fns = build_modes(pipe, modes, args.max_new_tokens, args.draft_len, args.temperature, args.seed)
+    base = DecodeConfig(max_new_tokens=args.max_new_tokens, draft_len=args.draft_len, seed=args.seed,
+                        draft_confidence=args.draft_confidence)
+    base.validate()
+    fns = build_modes(pipe, modes, base, args.temperature)
     warm = encode_prompt(pipe.target_tokenizer, "Hello, world. Write one short sentence.", chat=False)
     runs = run_bench(fns, prompts, warmup=warm[:16])
     summary = summarize(runs)
     meta = {"drafter": args.drafter, "target": args.target, "prompts": args.prompts, "n": len(prompts),
             "offset": args.offset, "max_new_tokens": args.max_new_tokens, "draft_len": args.draft_len,
+            "draft_confidence": args.draft_confidence,
             "drafter_dtype": args.drafter_dtype, "temperature_sampling_modes": args.temperature,
             "threads": torch.get_num_threads()}
     files = write_results(args.out, meta, summary)

@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from omnidraft.config import VERIFIERS, DecodeConfig
+from omnidraft.config import DEFAULT_DRAFTER_DTYPE, TRANSLATIONS, VERIFIERS, DecodeConfig
 from omnidraft.errors import OmnidraftError
 
 
@@ -19,7 +19,13 @@ def add_decode_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--verify", choices=VERIFIERS, default=None, help="default: greedy at temperature 0, else omnidraft")
-    parser.add_argument("--draft-len", type=int, default=5, help="drafter tokens per step (k)")
+    parser.add_argument("--draft-len", type=int, default=DecodeConfig.draft_len, help="most drafter tokens per step (k)")
+    parser.add_argument("--draft-confidence", type=float, default=DecodeConfig.draft_confidence,
+                        help="stop drafting after a token the drafter gives less than this probability (0: never)")
+    parser.add_argument("--translate", choices=TRANSLATIONS, default="auto",
+                        help="drafter->target translation: text (re-tokenize, greedy), tokens (direct mapping + n-grams); auto: text for greedy")
+    parser.add_argument("--drafter-dtype", choices=("float32", "bfloat16", "int8"), default=DEFAULT_DRAFTER_DTYPE,
+                        help="drafter precision (speed only: the target verifies every token)")
     parser.add_argument("--no-ngram", action="store_true", help="do not use or learn the n-gram cache")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dtype", default="float32", help="target dtype: float32 (default) or bfloat16")
@@ -40,7 +46,8 @@ def cache_options(args: argparse.Namespace):
 def decode_config(args: argparse.Namespace) -> DecodeConfig:
     verify = args.verify or ("greedy" if args.temperature == 0 else "omnidraft")
     config = DecodeConfig(max_new_tokens=args.max_new_tokens, verify=verify, draft_len=args.draft_len,
-                          temperature=args.temperature, top_p=args.top_p, seed=args.seed, use_ngram=not args.no_ngram)
+                          temperature=args.temperature, top_p=args.top_p, seed=args.seed, use_ngram=not args.no_ngram,
+                          draft_confidence=args.draft_confidence, translate=args.translate)
     config.validate()
     return config
 
@@ -72,7 +79,8 @@ def run(args: argparse.Namespace) -> int:
     text = _prompt_text(args)
     if not text:
         raise OmnidraftError("the prompt is empty")
-    pipe = load_pipeline(args.target, args.drafter, dtype=args.dtype, cache=cache_options(args), quiet=args.json)
+    pipe = load_pipeline(args.target, args.drafter, dtype=args.dtype, drafter_dtype=args.drafter_dtype,
+                         cache=cache_options(args), quiet=args.json)
     prompt_ids = encode_prompt(pipe.target_tokenizer, text, chat=args.chat)
     decoder = pipe.decoder
     if args.json:

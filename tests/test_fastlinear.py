@@ -1,0 +1,58 @@
+"""The skinny-GEMM Linear path computes the same products as F.linear, and only when enabled."""
+
+from __future__ import annotations
+
+import torch
+
+from omnidraft import fastlinear
+from omnidraft.config import DecodeConfig
+from omnidraft.errors import OmnidraftError
+
+import pytest
+
+
+class Tiny(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = torch.nn.Linear(16, 32)
+        self.head = torch.nn.Linear(32, 50, bias=False)
+
+    def get_output_embeddings(self):
+        return self.head
+
+    def forward(self, x):
+        return self.head(torch.relu(self.body(x)))
+
+
+@pytest.mark.parametrize("rows", [1, 2, 5, 100])
+def test_fast_paths_match_f_linear(rows):
+    torch.manual_seed(0)
+    model = Tiny()
+    x = torch.randn(1, rows, 16)
+    expected = model(x)
+    fastlinear.install(model, transposed_head=True)
+    with fastlinear.enabled():
+        got = model(x)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    assert got.shape == expected.shape and got.is_contiguous()
+
+
+def test_fast_path_is_scoped_to_enabled():
+    model = fastlinear.install(Tiny(), transposed_head=True)
+    calls = []
+    model.head._omnidraft_wt = torch.zeros_like(model.head._omnidraft_wt)  # make the fast path visible
+    x = torch.randn(1, 1, 16)
+    calls.append(bool(model(x).abs().sum() > 0))
+    with fastlinear.enabled():
+        calls.append(bool(model(x).abs().sum() > 0))
+    calls.append(bool(model(x).abs().sum() > 0))
+    assert calls == [True, False, True]
+
+
+def test_translate_option_is_validated():
+    assert DecodeConfig(verify="greedy").text_translation
+    assert not DecodeConfig(verify="omnidraft", temperature=0.7).text_translation
+    with pytest.raises(OmnidraftError):
+        DecodeConfig(verify="tli", temperature=0.5, translate="text").validate()
+    with pytest.raises(OmnidraftError):
+        DecodeConfig(translate="bytes").validate()
