@@ -1,9 +1,9 @@
-"""Check: `omnidraft generate --verify greedy` equals plain transformers greedy on unseen prompts, both targets (run after setup; uses .test_home for model caches)."""
+"""Check: `omnidraft generate --verify greedy` equals plain transformers greedy on unseen prompts, both targets (run after setup; state under $OMNIDRAFT_HOME or the cwd)."""
 import json, os, subprocess, sys, torch
 torch.set_num_threads(2)
 from omnidraft import models
 from omnidraft.runtime import encode_prompt
-H = "/work/main/.test_home"
+H = os.environ.get("OMNIDRAFT_HOME", os.getcwd())
 prompts = [("Write a haiku about compilers.", True), ("import numpy as np\n\ndef moving_average(x, w):\n", False),
            ("Les trois plus grandes villes de France sont", False)]
 for target in ["builtin:qwen2.5-coder-0.5b", "builtin:gemma3-270m"]:
