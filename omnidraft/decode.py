@@ -63,6 +63,23 @@ class DecodeStats:
         return out
 
 
+class DecodeObserver:
+    """Hooks into the loop for what rides along decoding (recording for the trainer, publishing
+    adapter weights, telling the trainer to yield). Every method is a no-op unless overridden."""
+
+    def on_start(self, prompt_ids: Sequence[int]) -> None:
+        """A request starts."""
+
+    def before_step(self) -> None:
+        """Between two steps: the only moment drafter weights may change."""
+
+    def on_step(self, logits: torch.Tensor, emitted: Sequence[int]) -> None:
+        """``logits[i]`` is the target's row that predicted ``emitted[i]``."""
+
+    def on_finish(self) -> None:
+        """The request ended (finished, cut at the budget, or interrupted)."""
+
+
 @dataclass
 class DecodeResult:
     text: str
@@ -80,6 +97,7 @@ class SpeculativeDecoder:
         self.target, self.drafter, self.bridge = target, drafter, bridge
         self.ngrams = ngrams if ngrams is not None else (NgramTrie() if drafter is not None else None)
         self.stats = DecodeStats()
+        self.observers: list[DecodeObserver] = []
         if bridge is not None:
             src = torch.nonzero(bridge.d2t >= 0).flatten()
             tgt = bridge.d2t[src]
@@ -118,10 +136,17 @@ class SpeculativeDecoder:
         generator = torch.Generator().manual_seed(config.seed)
         step = self._target_step if self.drafter is None else self._speculative_step
         ids = list(prompt_ids)
-        state = self._start_state(ids)
+        observers = list(self.observers)
+        for obs in observers:
+            obs.on_start(ids)
         try:
+            state = self._start_state(ids)
             while self.stats.new_tokens < config.max_new_tokens:
-                emitted, done = step(ids, state, config, generator)
+                for obs in observers:
+                    obs.before_step()
+                emitted, done, logits = step(ids, state, config, generator)
+                for obs in observers:
+                    obs.on_step(logits, emitted)
                 ids.extend(emitted)
                 self.stats.new_tokens += len(emitted)
                 self.stats.wall_s = time.perf_counter() - start
@@ -133,6 +158,8 @@ class SpeculativeDecoder:
             if self.ngrams is not None:
                 self.ngrams.flush()
                 self.stats.ngram_cache_entries_at_end = len(self.ngrams)
+            for obs in observers:
+                obs.on_finish()
 
     # ---- one step ------------------------------------------------------------------------------
     def _start_state(self, prompt_ids: list[int]) -> DrafterContext | None:
@@ -145,7 +172,7 @@ class SpeculativeDecoder:
                 return emitted[: j + 1][:remaining], True
         return emitted[:remaining], len(emitted) >= remaining
 
-    def _target_step(self, ids, state, config: DecodeConfig, generator) -> tuple[list[int], bool]:
+    def _target_step(self, ids, state, config: DecodeConfig, generator) -> tuple[list[int], bool, torch.Tensor]:
         t0 = time.perf_counter()
         logits = self.target.score(ids, 0)
         if config.temperature <= 0:
@@ -155,9 +182,9 @@ class SpeculativeDecoder:
         self.stats.verify_s += time.perf_counter() - t0
         self.stats.steps += 1
         self.stats.target_forwards += 1
-        return self._finish([nxt], config.max_new_tokens - self.stats.new_tokens)
+        return *self._finish([nxt], config.max_new_tokens - self.stats.new_tokens), logits
 
-    def _speculative_step(self, ids, ctx: DrafterContext, config: DecodeConfig, generator) -> tuple[list[int], bool]:
+    def _speculative_step(self, ids, ctx: DrafterContext, config: DecodeConfig, generator) -> tuple[list[int], bool, torch.Tensor]:
         stats, remaining = self.stats, config.max_new_tokens - self.stats.new_tokens
         if remaining <= 1:  # nothing left to speculate on: one plain target step
             return self._target_step(ids, ctx, config, generator)
@@ -189,7 +216,7 @@ class SpeculativeDecoder:
         stats.draft_s += t1 - t0
         stats.verify_s += t3 - t2
         stats.bridge_s += (t2 - t1) + (t4 - t3)
-        return emitted, done
+        return emitted, done, logits
 
     def _reverse(self, ctx: DrafterContext, draft: Draft, tr: Translation, emitted: list[int], accepted: int,
                  text: bool, ngrams: NgramTrie | None) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -25,6 +26,7 @@ class Pipeline:
     drafter_spec: str | None
     target_model: torch.nn.Module
     drafter_model: torch.nn.Module | None
+    adapter_slot: object | None = None  # omnidraft.train.online.AdapterSlot when a drafter is loaded
 
     @property
     def target_tokenizer(self):
@@ -84,8 +86,13 @@ def convert_drafter(model: torch.nn.Module, dtype: str) -> torch.nn.Module:
 
 
 def load_pipeline(target_spec: str, drafter_spec: str | None, *, home=None, dtype: str = "float32",
-                  drafter_dtype: str = DEFAULT_DRAFTER_DTYPE, cache: CacheOptions | None = None, quiet: bool = False) -> Pipeline:
-    """Load target (and drafter unless None/'none') and wire bridge, n-gram cache, drafter, decoder."""
+                  drafter_dtype: str = DEFAULT_DRAFTER_DTYPE, cache: CacheOptions | None = None, quiet: bool = False,
+                  adapter: str = "auto") -> Pipeline:
+    """Load target (and drafter unless None/'none') and wire bridge, n-gram cache, drafter, decoder.
+
+    ``adapter``: "auto" uses the pair's LoRA adapter under ``<home>/adapters/`` if one was
+    trained, "none" runs the base drafter, anything else is the path of an adapter folder.
+    """
     for spec in (target_spec, drafter_spec):
         if spec not in (None, "none"):
             models.builtin(spec)  # an unknown builtin fails here, before minutes of loading
@@ -99,12 +106,62 @@ def load_pipeline(target_spec: str, drafter_spec: str | None, *, home=None, dtyp
     _log(f"loading drafter {drafter_spec}", quiet)
     drafter_model, drafter_tok = models.load(drafter_spec, home=home, dtype="float32", progress=not quiet)
     bridge = build_bridge(drafter_model, drafter_tok, target_model, target_tok)
+    identity = adapter_identity(drafter_tok, target_tok, drafter_model)  # before int8 hides the weights
     drafter_model = convert_drafter(drafter_model, drafter_dtype)
     if bridge.intersection_size == 0:
         raise OmnidraftError(f"{drafter_spec} and {target_spec} share no token: nothing can be drafted")
     ngrams = open_ngram_cache(drafter_tok, target_tok, cache or CacheOptions(), home)
-    decoder = SpeculativeDecoder(target, make_drafter(drafter_model, bridge, target), bridge, ngrams)
-    return Pipeline(decoder, target_spec, drafter_spec, target_model, drafter_model)
+    drafter = make_drafter(drafter_model, bridge, target)
+    decoder = SpeculativeDecoder(target, drafter, bridge, ngrams)
+    slot = adapter_slot(drafter, identity, drafter_spec, target_spec, home)
+    decoder.observers.append(slot)
+    use_adapter(slot, adapter, drafter_dtype, quiet)
+    return Pipeline(decoder, target_spec, drafter_spec, target_model, drafter_model, slot)
+
+
+def adapter_identity(drafter_tok, target_tok, drafter_model):
+    from omnidraft.train import adapter_store
+
+    return adapter_store.identity_of(drafter_tok, target_tok, drafter_model)
+
+
+def adapter_slot(drafter: Drafter, identity, drafter_spec: str, target_spec: str, home=None):
+    """The pair's adapter slot: what an adapter must match, and the folder it lives in."""
+    from omnidraft.train import adapter_store
+    from omnidraft.train.online import AdapterSlot
+
+    return AdapterSlot(drafter, identity, adapter_store.pair_dir(drafter_spec, target_spec, home))
+
+
+def use_adapter(slot, adapter: str, drafter_dtype: str, quiet: bool = False) -> None:
+    """Load the adapter ``adapter`` names into ``slot`` (see :func:`load_pipeline`).
+
+    An explicit path that is missing, corrupt or made for another pair is an error; with "auto"
+    such an adapter is reported in one line and not used.
+    """
+    from omnidraft.train import adapter_store
+
+    if adapter == "none":
+        return
+    explicit = adapter != "auto"
+    folder = Path(adapter).expanduser() if explicit else slot.folder
+    try:
+        if explicit and not folder.is_dir():
+            raise adapter_store.AdapterProblem(f"no adapter folder at {folder}")
+        loaded = adapter_store.load(folder, slot.identity)
+        if loaded is None:
+            if explicit:
+                raise adapter_store.AdapterProblem(f"{folder} holds no published adapter")
+            return
+        if drafter_dtype == "int8":
+            raise adapter_store.AdapterProblem("an int8 drafter cannot take a LoRA adapter; use --drafter-dtype bfloat16 or float32")
+        slot.use(loaded)
+    except (adapter_store.AdapterProblem, ValueError) as exc:
+        if explicit:
+            raise OmnidraftError(f"--adapter {adapter}: {exc}") from None
+        print(f"omnidraft: warning: {exc}; running without an adapter (--adapter none hides this)", file=sys.stderr)
+        return
+    _log(f"adapter {slot.description}", quiet)
 
 
 def encode_prompt(tokenizer, text: str, chat: bool = False, system: str | None = None) -> list[int]:

@@ -32,6 +32,8 @@ def add_decode_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cache-size", type=int, default=None, help="cap on n-gram cache entries (default: no cap)")
     parser.add_argument("--cache-policy", choices=("lru", "lfu"), default="lru", help="eviction policy when capped")
     parser.add_argument("--freeze-cache", action="store_true", help="use the n-gram cache read-only (evaluation)")
+    parser.add_argument("--adapter", default="auto",
+                        help="drafter LoRA adapter: auto (the pair's, if trained), none, or a folder")
 
 
 def cache_options(args: argparse.Namespace):
@@ -80,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
     if not text:
         raise OmnidraftError("the prompt is empty")
     pipe = load_pipeline(args.target, args.drafter, dtype=args.dtype, drafter_dtype=args.drafter_dtype,
-                         cache=cache_options(args), quiet=args.json)
+                         cache=cache_options(args), quiet=args.json, adapter=args.adapter)
     prompt_ids = encode_prompt(pipe.target_tokenizer, text, chat=args.chat)
     decoder = pipe.decoder
     if args.json:

@@ -97,6 +97,17 @@ class StoreProblem(Exception):
 
 
 def vocab_fingerprint(tokenizer: Any) -> str:
+    cached = getattr(tokenizer, "_omnidraft_vocab_fingerprint", None)
+    if cached is None:
+        cached = _vocab_fingerprint(tokenizer)
+        try:
+            tokenizer._omnidraft_vocab_fingerprint = cached  # the vocabulary of a loaded tokenizer never changes
+        except AttributeError:
+            pass
+    return cached
+
+
+def _vocab_fingerprint(tokenizer: Any) -> str:
     """sha256 (hex) of a tokenizer's vocabulary plus its special/added tokens.
 
     Sorted by id then token, so dict order does not matter; any change of a token, an id or a

@@ -1,0 +1,197 @@
+"""One update of cross-vocabulary distillation (OmniDraft Algorithm 2, line 8) on a LoRA drafter.
+
+:class:`Distiller` owns the trainable copy of the drafter (fp32 + peft LoRA) and its AdamW state.
+``update(examples)`` makes one pass over the buffer Q in batches of ``batch_size`` examples, one
+optimizer step per batch; each batch runs as micro-batches of at most ``micro_tokens`` tokens with
+gradient accumulation, and calls ``pause()`` before every micro-batch: that is where a background
+trainer yields the CPU to decoding.
+
+Logits are computed only where a label is (the hidden state before each labelled token through
+the LM head), never for the whole sequence: 49k-wide rows for a thousand positions, not for all.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from omnidraft.train import lora
+from omnidraft.train.loss import (LOSS_KINDS, NGRAM_WEIGHTS, LossConfig, coarse_reverse_kl, hybrid_loss_sum,
+                                  intersection_log_probs, ngram_nll)
+from omnidraft.train.records import Example
+
+
+@dataclass
+class TrainConfig:
+    """Hyper-parameters (OmniDraft Appendix A.2, Table 10, with LoRA rank 32, Appendix B.5)."""
+
+    loss: str = "hybrid"
+    ngram_weight: str = "const"
+    lam: float = 0.2
+    lr: float = 1e-4
+    weight_decay: float = 0.01
+    batch_size: int = 8
+    rank: int = lora.DEFAULT_RANK
+    alpha: float = lora.DEFAULT_ALPHA
+    micro_tokens: int = 2048  # tokens per forward/backward between two yield points
+    max_grad_norm: float = 1.0
+    seed: int = 0
+
+    def validate(self) -> None:
+        if self.loss not in LOSS_KINDS:
+            raise ValueError(f"unknown loss {self.loss!r}; choose one of {', '.join(LOSS_KINDS)}")
+        if self.ngram_weight not in NGRAM_WEIGHTS:
+            raise ValueError(f"unknown n-gram weight {self.ngram_weight!r}; choose one of {', '.join(NGRAM_WEIGHTS)}")
+        if self.lr <= 0 or self.batch_size < 1 or self.rank < 1 or self.alpha <= 0 or self.lam < 0:
+            raise ValueError("lr, alpha must be > 0, batch size and rank >= 1, lambda >= 0")
+
+    @property
+    def loss_config(self) -> LossConfig:
+        return LossConfig(self.loss, self.ngram_weight, self.lam)
+
+    @property
+    def scaling(self) -> float:
+        return self.alpha / self.rank
+
+
+@dataclass
+class UpdateMetrics:
+    """What one update saw, measured on its own batches before each optimizer step."""
+
+    examples: int = 0
+    steps: int = 0
+    dm_tokens: int = 0
+    ngram_tokens: int = 0
+    loss: float = 0.0  # mean over the update's labelled tokens
+    dm_kl: float = 0.0  # mean reverse KL at DM positions
+    ngram_nll: float = 0.0  # mean NLL of n-gram sub-tokens
+    expected_acceptance: float = 0.0  # mean min(1, p(t)/q'(t)) at DM positions (Alg. 3, line 9)
+    top1_agreement: float = 0.0  # share of DM positions where the drafter's argmax is the target's token
+    seconds: float = 0.0
+    extra: dict = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+class Distiller:
+    """The trainable LoRA drafter and its optimizer."""
+
+    def __init__(self, model: torch.nn.Module, dm_mask: torch.Tensor, config: TrainConfig,
+                 state: dict[str, torch.Tensor] | None = None) -> None:
+        config.validate()
+        self.config = config
+        self.dm_mask = dm_mask.bool()
+        self.model = lora.attach(model.float(), lora.lora_config(config.rank, config.alpha), state)
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(self.params, lr=config.lr, weight_decay=config.weight_decay)
+        self._rng = random.Random(config.seed)
+        self._inner = self.model.get_base_model().model  # the transformer body (LoRA layers inside)
+        self._head = self.model.get_base_model().get_output_embeddings()
+
+    def state(self) -> dict[str, torch.Tensor]:
+        return lora.lora_state(self.model)
+
+    def update(self, examples: Sequence[Example], pause: Callable[[], None] = lambda: None) -> UpdateMetrics:
+        """One pass over ``examples`` (the buffer Q), one AdamW step per batch of ``batch_size``."""
+        order = list(examples)
+        self._rng.shuffle(order)
+        return self._run(order, pause, train=True)
+
+    @torch.no_grad()
+    def evaluate(self, examples: Sequence[Example]) -> UpdateMetrics:
+        """The same metrics on ``examples`` with no optimizer step (held-out, teacher-forced)."""
+        return self._run(list(examples), lambda: None, train=False)
+
+    def _run(self, order: list[Example], pause: Callable[[], None], train: bool) -> UpdateMetrics:
+        start = time.perf_counter()
+        sums = dict.fromkeys(("loss", "kl", "nll", "acc", "top1"), 0.0)
+        metrics = UpdateMetrics(examples=len(order))
+        self.model.train(train)
+        for b in range(0, len(order), self.config.batch_size):
+            batch = [e for e in order[b: b + self.config.batch_size] if e.labelled]
+            count = sum(self._label_count(e) for e in batch)
+            if not count:
+                continue
+            self.optimizer.zero_grad(set_to_none=True)
+            for micro in _micro_batches(batch, self.config.micro_tokens):
+                pause()
+                total, parts = self._loss(micro)
+                if train:
+                    (total / count).backward()
+                for key in sums:
+                    sums[key] += parts[key]
+                metrics.dm_tokens += parts["dm"]
+                metrics.ngram_tokens += parts["ng"]
+            if train:
+                torch.nn.utils.clip_grad_norm_(self.params, self.config.max_grad_norm)
+                self.optimizer.step()
+                metrics.steps += 1
+        self.model.eval()
+        labelled = metrics.dm_tokens + (metrics.ngram_tokens if self.config.loss == "hybrid" else 0)
+        metrics.loss = sums["loss"] / max(labelled, 1)
+        metrics.dm_kl = sums["kl"] / max(metrics.dm_tokens, 1)
+        metrics.ngram_nll = sums["nll"] / max(metrics.ngram_tokens, 1)
+        metrics.expected_acceptance = sums["acc"] / max(metrics.dm_tokens, 1)
+        metrics.top1_agreement = sums["top1"] / max(metrics.dm_tokens, 1)
+        metrics.seconds = time.perf_counter() - start
+        return metrics
+
+    def _label_count(self, example: Example) -> int:
+        return len(example.dm_pos) + (len(example.ng_pos) if self.config.loss == "hybrid" else 0)
+
+    def _loss(self, batch: list[Example]) -> tuple[torch.Tensor, dict]:
+        """Summed loss of a micro-batch and its per-term sums (floats, for metrics)."""
+        hidden_dm, hidden_ng = self._hidden_before_labels(batch)
+        cat = lambda name: torch.cat([getattr(e, name) for e in batch])  # noqa: E731
+        logits_dm = self._head(hidden_dm)
+        logq_i = intersection_log_probs(logits_dm, self.dm_mask)
+        kl = coarse_reverse_kl(logq_i, cat("dm_topk"), cat("dm_topk_logp"), cat("dm_log_mass"))
+        ng_tokens = torch.cat([e.input_ids[e.ng_pos] for e in batch])
+        nll = ngram_nll(self._head(hidden_ng), ng_tokens) if len(ng_tokens) else kl.new_zeros(0)
+        total, _ = hybrid_loss_sum(kl, nll, cat("ng_logp_target"), self.config.loss_config)
+        with torch.no_grad():
+            dm_tokens = torch.cat([e.input_ids[e.dm_pos] for e in batch])
+            logq_tok = logq_i.gather(1, dm_tokens[:, None]).squeeze(1)
+            accept = torch.minimum(torch.ones_like(logq_tok), (cat("dm_logp_emitted") - logq_tok).exp())
+            parts = {"loss": float(total), "kl": float(kl.sum()), "nll": float(nll.sum()),
+                     "acc": float(accept.sum()), "top1": float((logq_i.argmax(-1) == dm_tokens).sum()),
+                     "dm": len(dm_tokens), "ng": len(ng_tokens)}
+        return total, parts
+
+    def _hidden_before_labels(self, batch: list[Example]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Final hidden states at the position before each DM / n-gram label, right-padded batch."""
+        width = max(len(e.input_ids) for e in batch)
+        ids = torch.zeros((len(batch), width), dtype=torch.long)
+        mask = torch.zeros((len(batch), width), dtype=torch.long)
+        for row, e in enumerate(batch):
+            ids[row, : len(e.input_ids)] = e.input_ids
+            mask[row, : len(e.input_ids)] = 1
+        hidden = self._inner(input_ids=ids, attention_mask=mask).last_hidden_state
+        pick = lambda name: hidden[  # noqa: E731
+            torch.cat([torch.full((len(getattr(e, name)),), r) for r, e in enumerate(batch)]).long(),
+            torch.cat([getattr(e, name) - 1 for e in batch])]
+        return pick("dm_pos"), pick("ng_pos")
+
+
+def _micro_batches(batch: list[Example], max_tokens: int) -> list[list[Example]]:
+    """Consecutive groups whose padded size (rows × longest) stays within ``max_tokens``."""
+    groups: list[list[Example]] = []
+    for e in sorted(batch, key=lambda e: len(e.input_ids)):
+        group = groups[-1] if groups else None
+        if group and (len(group) + 1) * max(len(e.input_ids), *(len(g.input_ids) for g in group)) <= max_tokens:
+            group.append(e)
+        else:
+            groups.append([e])
+    return groups
+
+
+def learning_curve_point(metrics: UpdateMetrics) -> dict:
+    """The numbers a progress bar or a metadata file keeps per update."""
+    return {k: (round(v, 5) if isinstance(v, float) and math.isfinite(v) else v)
+            for k, v in metrics.as_dict().items() if k != "extra"}
