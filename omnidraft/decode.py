@@ -98,6 +98,7 @@ class SpeculativeDecoder:
         self.ngrams = ngrams if ngrams is not None else (NgramTrie() if drafter is not None else None)
         self.stats = DecodeStats()
         self.observers: list[DecodeObserver] = []
+        self._token_bytes: list[bytes | None] | None = None
         if bridge is not None:
             src = torch.nonzero(bridge.d2t >= 0).flatten()
             tgt = bridge.d2t[src]
@@ -115,7 +116,7 @@ class SpeculativeDecoder:
     def stream(self, prompt_ids: Sequence[int], config: DecodeConfig) -> Iterator[str]:
         """Yield text as it is accepted (special tokens skipped; UTF-8 split across tokens joined)."""
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        table = self._target_token_bytes()
+        table = self.target_token_bytes()
         for chunk in self.stream_ids(prompt_ids, config):
             text = decoder.decode(b"".join(table[t] or b"" for t in chunk))
             if text:
@@ -276,9 +277,15 @@ class SpeculativeDecoder:
         q_t.index_add_(0, self._dm_tgt, row[self._dm_src])
         return q_t
 
-    def _target_token_bytes(self) -> list[bytes | None]:
+    def target_token_bytes(self) -> list[bytes | None]:
+        """Bytes of each target token id (None for special tokens): what streaming decodes with.
+
+        Built once: without a bridge the table is made from the whole target vocabulary.
+        """
         if self.bridge is not None:
             return self.bridge.t.token_bytes
-        from omnidraft.vocab.token_bytes import build_token_table
+        if self._token_bytes is None:
+            from omnidraft.vocab.token_bytes import build_token_table
 
-        return build_token_table(self.target.tokenizer, self.target.vocab_size).token_bytes
+            self._token_bytes = build_token_table(self.target.tokenizer, self.target.vocab_size).token_bytes
+        return self._token_bytes

@@ -13,7 +13,7 @@ import sys
 
 from omnidraft.errors import OmnidraftError
 
-SUBCOMMANDS = ("generate", "models", "cache", "bench", "adapt", "adapters")
+SUBCOMMANDS = ("chat", "generate", "models", "cache", "bench", "adapt", "adapters")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,671 @@
+"""``omnidraft chat``: an interactive session over the speculative decoder (issue 6).
+
+The session owns the conversation and everything a user sees: the ``>>> `` prompt, replies that
+stream as the target accepts them, one status line per reply, slash commands, context-window
+trimming and the state kept in the home between sessions (the pair's n-gram cache, readline
+history). The argparse glue is ``omnidraft/cli/chat.py``.
+
+The target's chat template renders the whole conversation into target token ids; the decoder
+turns those same ids into the drafter's context, so the drafter sees exactly the same text in
+its own tokens. A base model without a template gets a plain ``User:``/``Assistant:`` transcript
+(``runtime.encode_messages``) and its reply is cut where it starts writing the next ``User:`` turn.
+
+Trainer hook points (issue 5 wires them): :meth:`ChatSession.learn_from_turn` runs between turns
+with each finished turn's prompt and reply ids, :meth:`ChatSession.save_state` runs once on exit,
+:meth:`ChatSession.adapter_description` is the adapter line of ``/stats`` and the banner, and
+:meth:`ChatSession._activate` is where a newly loaded target becomes the active one (its cache and,
+later, its adapter follow it).
+"""
+
+from __future__ import annotations
+
+import codecs
+import dataclasses
+import datetime
+import gc
+import json
+import os
+import signal
+import sys
+import tempfile
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from omnidraft.config import DecodeConfig
+from omnidraft.errors import OmnidraftError
+
+PROMPT = ">>> "
+DEFAULT_CONTEXT_WINDOW = 4096  # tokens; a CPU re-reads the whole prompt after a trim, keep it modest
+HISTORY_FILE = "chat_history"
+HISTORY_LENGTH = 1000
+PLAIN_TRANSCRIPT_STOPS = ("\nUser:",)  # a base model continues the transcript with the user's next turn
+TRANSCRIPT_FORMAT = "omnidraft-chat-transcript"
+DIM, RESET = "\x1b[2m", "\x1b[0m"
+
+HELP = """\
+Type a message and press Enter; the reply streams as the target accepts it.
+  /help             this list
+  /stats            session totals, models, n-gram cache and adapter in use
+  /target SPEC      switch the target (builtin:NAME, a folder or a hub id); the conversation carries over
+  /reset            start a new conversation (the learned state stays)
+  /save FILE        write the conversation and per-turn stats as JSON
+  /quit             save state and leave (also /exit, Ctrl-D)
+Ctrl-C stops a reply and keeps the session. A message starting with '/' is sent as '//...'."""
+
+
+# ---------------------------------------------------------------- pure parts (unit-tested)
+
+
+@dataclass(frozen=True)
+class Command:
+    """A slash command as typed: ``name`` without the slash, lower-cased; ``arg`` the rest, stripped."""
+
+    name: str
+    arg: str = ""
+
+
+def parse_input(line: str) -> str | Command | None:
+    """What a prompt line asks for: a message (str), a slash command, or None for a blank line.
+
+    ``//text`` sends ``/text`` as a message, so a message may start with a slash.
+    """
+    text = line.strip()
+    if not text:
+        return None
+    if text.startswith("//"):
+        return text[1:]
+    if text.startswith("/"):
+        name, _, arg = text[1:].partition(" ")
+        return Command(name.lower(), arg.strip())
+    return text
+
+
+def has_chat_template(tokenizer: Any) -> bool:
+    return bool(getattr(tokenizer, "chat_template", None))
+
+
+def render_conversation(tokenizer: Any, system: str | None, messages: Sequence[dict]) -> list[int]:
+    """Target token ids of the conversation, ending with the assistant's turn about to begin."""
+    from omnidraft.runtime import encode_messages
+
+    head = [{"role": "system", "content": system}] if system else []
+    return encode_messages(tokenizer, head + list(messages))
+
+
+def stop_strings(tokenizer: Any) -> tuple[str, ...]:
+    """Text that ends a reply early: only a plain transcript needs any (templates end with EOS)."""
+    return () if has_chat_template(tokenizer) else PLAIN_TRANSCRIPT_STOPS
+
+
+def fit_messages(render: Callable[[Sequence[dict]], list[int]], messages: Sequence[dict],
+                 budget: int) -> tuple[int, list[int]] | None:
+    """Drop the oldest turns until the rendered conversation is at most ``budget`` tokens.
+
+    Returns (how many leading messages to drop, the rendered ids), or None when even the last
+    message alone does not fit. Cuts only before a user message, so a kept assistant reply always
+    has its question; ``render`` adds the system prompt, which is never dropped.
+    """
+    starts = [i for i, m in enumerate(messages) if m["role"] == "user"] or [0]
+    for start in starts:
+        ids = render(messages[start:])
+        if len(ids) <= budget:
+            return start, ids
+    return None
+
+
+class StopScanner:
+    """Streams text through while watching for stop strings split across pieces.
+
+    Text that could be the start of a stop string is held back until the next piece shows
+    whether it is; ``kept`` is the reply text up to (not including) a stop string.
+    """
+
+    def __init__(self, stops: Sequence[str]) -> None:
+        self.stops = tuple(s for s in stops if s)
+        self.kept = ""
+        self._pending = ""
+        self.stopped = False
+
+    def feed(self, piece: str) -> str:
+        """Add a piece; return the text that is now safe to show."""
+        if self.stopped:
+            return ""
+        if not self.stops:
+            self.kept += piece
+            return piece
+        self._pending += piece
+        cut = min((i for i in (self._pending.find(s) for s in self.stops) if i >= 0), default=-1)
+        if cut >= 0:
+            self.stopped = True
+            return self._release(cut)
+        hold = max((n for s in self.stops for n in range(1, len(s)) if self._pending.endswith(s[:n])), default=0)
+        return self._release(len(self._pending) - hold)
+
+    def finish(self) -> str:
+        """End of the reply: what was held back is ordinary text after all."""
+        return "" if self.stopped else self._release(len(self._pending))
+
+    def _release(self, n: int) -> str:
+        out, self._pending = self._pending[:n], self._pending[n:]
+        if self.stopped:
+            self._pending = ""
+        self.kept += out
+        return out
+
+
+class ReplyAssembler:
+    """Turns emitted target ids into the text to show, joining UTF-8 split across tokens and
+    cutting at a stop string; ``ids`` are then the tokens whose text lies before the stop."""
+
+    def __init__(self, token_bytes: Sequence[bytes | None], stops: Sequence[str]) -> None:
+        self.table = token_bytes
+        self.scanner = StopScanner(stops)
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._ids: list[int] = []
+        self._ends: list[int] = []  # text length after each token
+        self._length = 0
+
+    @property
+    def stopped(self) -> bool:
+        return self.scanner.stopped
+
+    def feed(self, ids: Sequence[int]) -> str:
+        """Add one decoding step's tokens; return the text now safe to show."""
+        shown = []
+        for tok in ids:
+            if self.stopped:
+                break
+            data = self.table[tok] if 0 <= tok < len(self.table) else None
+            piece = self._utf8.decode(data or b"")  # special tokens (EOS) show nothing
+            self._ids.append(tok)
+            self._length += len(piece)
+            self._ends.append(self._length)
+            shown.append(self.scanner.feed(piece))
+        return "".join(shown)
+
+    def finish(self) -> str:
+        """The reply is over: what was held back (a partial UTF-8 sequence, a stop-string prefix)."""
+        if self.stopped:
+            return ""
+        return self.scanner.feed(self._utf8.decode(b"", final=True)) + self.scanner.finish()
+
+    @property
+    def text(self) -> str:
+        return self.scanner.kept
+
+    @property
+    def ids(self) -> list[int]:
+        if not self.stopped:
+            return list(self._ids)
+        return [t for t, end in zip(self._ids, self._ends) if end <= len(self.text)]
+
+
+@dataclass
+class TurnRecord:
+    """One finished turn: what the trainer hook receives and what ``/save`` writes."""
+
+    user: str
+    reply: str
+    prompt_ids: list[int]  # target ids of the rendered conversation the reply continued
+    reply_ids: list[int]  # target ids the target emitted for the shown reply (EOS included)
+    stats: Any  # omnidraft.decode.DecodeStats of this reply
+    target_spec: str
+    interrupted: bool = False
+
+    def as_json(self) -> dict:
+        return {"target": self.target_spec, "user": self.user, "reply": self.reply,
+                "interrupted": self.interrupted, "prompt_tokens": len(self.prompt_ids),
+                "reply_tokens": len(self.reply_ids), "stats": self.stats.as_dict()}
+
+
+@dataclass
+class SessionTotals:
+    """Running totals for ``/stats``; acceptance is averaged over all speculative steps."""
+
+    turns: int = 0
+    tokens: int = 0
+    wall_s: float = 0.0
+    target_forwards: int = 0
+    step_rates: list[float] = field(default_factory=list)
+    ngram_hits_proposed: int = 0
+    ngram_hits_accepted: int = 0
+
+    def add(self, stats: Any) -> None:
+        self.turns += 1
+        self.tokens += stats.new_tokens
+        self.wall_s += stats.wall_s
+        self.target_forwards += stats.target_forwards
+        self.step_rates.extend(stats.step_rates)
+        self.ngram_hits_proposed += stats.ngram_hits_proposed
+        self.ngram_hits_accepted += stats.ngram_hits_accepted
+
+    def line(self) -> str:
+        tps = self.tokens / self.wall_s if self.wall_s > 0 else 0.0
+        acc = f"{sum(self.step_rates) / len(self.step_rates):.2f}" if self.step_rates else "–"
+        tpf = self.tokens / self.target_forwards if self.target_forwards else 0.0
+        return (f"session: {plural(self.turns, 'turn')} · {plural(self.tokens, 'token')} · {tps:.1f} tok/s · mean accept {acc} · "
+                f"{tpf:.2f} tok/target fwd · n-gram hits {self.ngram_hits_accepted}/{self.ngram_hits_proposed}")
+
+
+def plural(count: int, word: str, many: str | None = None) -> str:
+    """``1 token``, ``2 tokens``: status lines are read by people."""
+    return f"{count} {word if count == 1 else many or word + 's'}"
+
+
+def format_status(stats: Any, *, speculative: bool, interrupted: bool = False, dim: bool = False) -> str:
+    """The one line after each reply: tokens, tok/s, acceptance, tokens per target forward, n-gram hits."""
+    accept = f"{stats.acceptance_rate:.2f}" if speculative else "– (no drafter)"
+    text = (f"[{plural(stats.new_tokens, 'token')} · {stats.tokens_per_s:.1f} tok/s · accept {accept} · "
+            f"{stats.tokens_per_target_forward:.1f} tok/target fwd · "
+            f"n-gram hits {stats.ngram_hits_accepted}/{stats.ngram_hits_proposed}"
+            f"{' · interrupted' if interrupted else ''}]")
+    return f"{DIM}{text}{RESET}" if dim else text
+
+
+def write_json_atomic(path: str | os.PathLike, doc: Any) -> Path:
+    """Write JSON to a temporary sibling and rename it over ``path``: never a half-written file."""
+    target = Path(path).expanduser()
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.resolve().parent)
+    except OSError as exc:
+        raise OmnidraftError(f"cannot write {target}: {exc.strerror or exc}") from None
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(doc, fh, ensure_ascii=False, indent=2)
+            fh.write("\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, target)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        raise OmnidraftError(f"cannot write {target}: {exc.strerror or exc}") from None
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return target
+
+
+def close_ngram_cache(pipeline: Any) -> None:
+    """Write what is pending in a pipeline's persistent n-gram cache and close its file."""
+    ngrams = pipeline.decoder.ngrams
+    if ngrams is not None and hasattr(ngrams, "close"):
+        ngrams.close()
+
+
+class SigintFlag:
+    """While a reply streams, Ctrl-C only raises a flag the loop checks after each decoding step,
+    so the decoder is never cut mid-forward (its KV caches stay consistent and its ``finally``
+    flushes the n-gram cache). A second Ctrl-C raises KeyboardInterrupt at once."""
+
+    def __init__(self) -> None:
+        self.raised = False
+        self._previous: Any = None
+        self._installed = False
+
+    def __enter__(self) -> SigintFlag:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+            self._installed = True
+        return self
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.raised:
+            raise KeyboardInterrupt
+        self.raised = True
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._installed:
+            signal.signal(signal.SIGINT, self._previous)
+
+
+# ---------------------------------------------------------------- the session
+
+
+class ChatSession:
+    """One interactive conversation over a loaded pipeline (target + drafter + n-gram cache).
+
+    ``loader(spec)`` loads a pipeline for another target with the same drafter and options
+    (``/target``). ``train`` is False with ``--no-train``; the trainer reads it in the hooks.
+    """
+
+    def __init__(self, pipeline: Any, loader: Callable[[str], Any], config: DecodeConfig, *,
+                 system: str | None = None, context_window: int | None = None, train: bool = True,
+                 home: str | os.PathLike | None = None, out: TextIO | None = None, err: TextIO | None = None) -> None:
+        from omnidraft.home import home_dir
+
+        self.loader = loader
+        self.config = config
+        self.system = system or None
+        self.requested_window = context_window
+        self.train = train
+        self.home = home_dir(home)
+        self.out = out or sys.stdout
+        self.err = err or sys.stderr
+        self.messages: list[dict] = []  # the whole conversation, as the user saw it
+        self.context_start = 0  # messages before this index were dropped from the model's context
+        self.turns: list[TurnRecord] = []  # turns of the current conversation
+        self.totals = SessionTotals()
+        self.finished = False
+        self._readline: Any = None
+        self._state_saved = False
+        self.pipe: Any = None
+        self._activate(pipeline)
+
+    # ---- the active target
+
+    def _activate(self, pipeline: Any) -> None:
+        """Make ``pipeline`` the active one: its template, stop strings, window and n-gram cache.
+
+        The place where the pair's adapter will be switched too, once the trainer exists.
+        """
+        self.context_window = self._effective_window(pipeline)
+        self.pipe = pipeline
+        self.stops = stop_strings(pipeline.target_tokenizer)
+        self._entries_at_load = self._cache_entries()
+
+    def _effective_window(self, pipeline: Any) -> int:
+        """The requested (or default) window, capped by the target's position limit."""
+        config = pipeline.target_model.config
+        text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+        limit = getattr(text_config, "max_position_embeddings", None)
+        window = self.requested_window or DEFAULT_CONTEXT_WINDOW
+        if limit and window > limit:
+            if self.requested_window:
+                self.notice(f"--context-window {window} exceeds what {pipeline.target_spec} supports; using {limit}")
+            window = int(limit)
+        if window <= self.config.max_new_tokens:
+            raise OmnidraftError(f"a {window}-token context window leaves no room for a prompt with --max-new-tokens "
+                                 f"{self.config.max_new_tokens}; lower --max-new-tokens or raise --context-window")
+        return window
+
+    @property
+    def speculative(self) -> bool:
+        return self.pipe.decoder.drafter is not None
+
+    def _cache(self) -> Any:
+        """The pair's n-gram cache when a persistent one is in use, else None."""
+        ngrams = self.pipe.decoder.ngrams
+        return ngrams if ngrams is not None and hasattr(ngrams, "pair_id") else None
+
+    def _cache_entries(self) -> int:
+        ngrams = self.pipe.decoder.ngrams
+        return len(ngrams) if ngrams is not None else 0
+
+    # ---- output
+
+    def write(self, text: str) -> None:
+        self.out.write(text)
+        self.out.flush()
+
+    def notice(self, message: str) -> None:
+        """One line for the user about the session itself (not part of the conversation)."""
+        self.out.flush()
+        print(f"omnidraft: {message}", file=self.err, flush=True)
+
+    def error(self, message: str) -> None:
+        self.notice(f"error: {message}")
+
+    # ---- the loop
+
+    def run(self) -> int:
+        """Read-eval-print until /quit or Ctrl-D; state is saved however the loop ends."""
+        self._start_history()
+        try:
+            self.banner()
+            while not self.finished:
+                try:
+                    line = input(PROMPT)
+                except KeyboardInterrupt:  # Ctrl-C at the prompt: drop the line, prompt again
+                    self.write("\n")
+                    continue
+                except EOFError:  # Ctrl-D
+                    self.write("\n")
+                    break
+                self.handle_line(line)
+        finally:
+            self.save_state()
+        return 0
+
+    def banner(self) -> None:
+        drafter = self.pipe.drafter_spec or "none"
+        template = "chat template" if has_chat_template(self.pipe.target_tokenizer) else "plain User:/Assistant: transcript"
+        self.write(f"omnidraft chat · target {self.pipe.target_spec} · drafter {drafter} · {self.config.verify} · "
+                   f"{template} · context {self.context_window} tokens\n")
+        self.write(f"{self.cache_description(brief=True)} · adapter: {self.adapter_description()}\n")
+        self.write("Type /help for commands; Ctrl-C stops a reply; Ctrl-D or /quit leaves.\n")
+
+    def handle_line(self, line: str) -> None:
+        """One prompt line; any failure becomes one line and the session goes on."""
+        parsed = parse_input(line)
+        try:
+            if parsed is None:
+                self.error("empty message: type something to send, or /help")
+            elif isinstance(parsed, Command):
+                self.run_command(parsed)
+            else:
+                self.chat_turn(parsed)
+        except OmnidraftError as exc:
+            self.error(str(exc))
+        except KeyboardInterrupt:
+            self.write("\n")
+            self.notice(f"interrupted; still chatting with {self.pipe.target_spec}")
+        except Exception as exc:  # noqa: BLE001 - a bug or an out-of-memory must not end the chat
+            self._reset_engines()
+            first = str(exc).splitlines()[0][:200] if str(exc) else ""
+            self.error(f"{exc.__class__.__name__}: {first} (the session goes on)")
+
+    # ---- one turn
+
+    def chat_turn(self, text: str) -> TurnRecord | None:
+        """Send a user message, stream the reply, record the turn and run the trainer hook."""
+        user = {"role": "user", "content": text}
+        fitted = self._fit_context([*self.messages[self.context_start:], user])
+        if fitted is None:
+            return None
+        dropped, prompt_ids = fitted
+        reply, reply_ids, stats, interrupted = self._stream_reply(prompt_ids)
+        if interrupted and not reply:
+            self.notice("interrupted before the reply began; the message was not kept")
+            return None
+        self.context_start += dropped
+        self.messages += [user, {"role": "assistant", "content": reply}]
+        record = TurnRecord(text, reply, prompt_ids, reply_ids, stats, self.pipe.target_spec, interrupted)
+        self.turns.append(record)
+        self.totals.add(stats)
+        self.learn_from_turn(record)
+        return record
+
+    def _render(self, messages: Sequence[dict]) -> list[int]:
+        return render_conversation(self.pipe.target_tokenizer, self.system, messages)
+
+    def _fit_context(self, live: list[dict]) -> tuple[int, list[int]] | None:
+        """Prompt ids that leave room for the reply; drops the oldest turns (saying so) if needed."""
+        budget = self.context_window - self.config.max_new_tokens
+        fitted = fit_messages(self._render, live, budget)
+        if fitted is None:
+            alone = len(self._render(live[-1:]))
+            self.error(f"message too long: {alone} prompt tokens + {self.config.max_new_tokens} for the reply exceed the "
+                       f"{self.context_window}-token context window (see --context-window, --max-new-tokens)")
+            return None
+        dropped, ids = fitted
+        if dropped:
+            turns = sum(1 for m in live[:dropped] if m["role"] == "user")
+            self.notice(f"conversation exceeds the {self.context_window}-token context window: dropped the "
+                        f"{plural(turns, 'oldest turn')} from the model's context (/save keeps them)")
+        return dropped, ids
+
+    def _turn_config(self) -> DecodeConfig:
+        """Sampling gets a fresh seed each turn (a repeated question need not get the same answer)."""
+        return dataclasses.replace(self.config, seed=self.config.seed + self.totals.turns)
+
+    def _stream_reply(self, prompt_ids: list[int]) -> tuple[str, list[int], Any, bool]:
+        """Stream the reply to the terminal; returns (text, emitted ids, stats, interrupted)."""
+        decoder = self.pipe.decoder
+        reply = ReplyAssembler(decoder.target_token_bytes(), self.stops)
+        forced = False
+        with SigintFlag() as flag:
+            stream = decoder.stream_ids(prompt_ids, self._turn_config())
+            try:
+                for chunk in stream:
+                    self.write(reply.feed(chunk))
+                    if reply.stopped or flag.raised:
+                        break
+            except KeyboardInterrupt:  # a second Ctrl-C mid-forward: the KV caches may be torn
+                forced = True
+            finally:
+                try:
+                    stream.close()  # runs the decoder's finally: final wall time, n-gram flush
+                except KeyboardInterrupt:
+                    forced = True
+        if forced:
+            self._reset_engines()
+        self.write(reply.finish())
+        interrupted = flag.raised or forced
+        self.write("" if reply.text.endswith("\n") else "\n")
+        stats = decoder.stats
+        self.write(format_status(stats, speculative=self.speculative, interrupted=interrupted, dim=self.out.isatty()) + "\n\n")
+        return reply.text.strip(), reply.ids, stats, interrupted
+
+    def _reset_engines(self) -> None:
+        """Forget both KV caches (after a step was cut short); the next turn re-reads its prompt."""
+        decoder = self.pipe.decoder
+        decoder.target.reset()
+        if decoder.drafter is not None:
+            decoder.drafter.reset()
+
+    # ---- trainer hook points
+
+    def learn_from_turn(self, turn: TurnRecord) -> None:
+        """Trainer hook: called between turns, after a reply finished or was interrupted, never while
+        one streams. ``turn.prompt_ids`` + ``turn.reply_ids`` are the target ids the target verified;
+        ``self.train`` is False with ``--no-train``. Nothing to do until the trainer (issue 5) exists.
+        """
+
+    def adapter_description(self) -> str:
+        """The adapter line of /stats and the banner."""
+        return "none (trainer not wired yet)"
+
+    def save_state(self) -> None:
+        """Exit hook (Ctrl-D, /quit, or a crash of the loop): write what the session learned to the
+        home: readline history, the pair's n-gram cache (closed here); the adapter belongs here too."""
+        if self._state_saved:
+            return
+        self._state_saved = True
+        self._save_history()
+        try:
+            close_ngram_cache(self.pipe)
+        except OmnidraftError as exc:
+            self.error(str(exc))
+
+    # ---- slash commands
+
+    def run_command(self, command: Command) -> None:
+        handlers: dict[str, Callable[[str], None]] = {
+            "help": self.cmd_help, "?": self.cmd_help, "stats": self.cmd_stats, "target": self.cmd_target,
+            "reset": self.cmd_reset, "save": self.cmd_save, "quit": self.cmd_quit, "exit": self.cmd_quit,
+        }
+        handler = handlers.get(command.name)
+        if handler is None:
+            raise OmnidraftError(f"unknown command /{command.name}; type /help for the list")
+        handler(command.arg)
+
+    def cmd_help(self, arg: str) -> None:
+        self.write(HELP + "\n")
+
+    def cmd_stats(self, arg: str) -> None:
+        drafter = self.pipe.drafter_spec or "none (target alone)"
+        used = len(self._render(self.messages[self.context_start:])) if self.messages else 0
+        self.write(self.totals.line() + "\n")
+        self.write(f"target: {self.pipe.target_spec} · context {used}/{self.context_window} tokens · "
+                   f"{plural(len(self.messages) // 2, 'turn')} in the conversation ({self.context_start // 2} dropped)\n")
+        self.write(f"drafter: {drafter} · verify {self.config.verify} · temperature {self.config.temperature:g}\n")
+        self.write(self.cache_description() + "\n")
+        self.write(f"adapter: {self.adapter_description()}\n")
+
+    def cache_description(self, brief: bool = False) -> str:
+        """The n-gram cache line: pair, entries (and what this session added), file."""
+        if not self.speculative:
+            return "n-gram cache: none (no drafter)"
+        cache = self._cache()
+        if cache is None:
+            return "n-gram cache: off (--no-ngram), in memory only"
+        mode = " · read-only" if cache.frozen else ""
+        if brief:
+            return f"n-gram cache: pair {cache.pair_id} · {plural(len(cache), 'entry', 'entries')}{mode}"
+        learned = len(cache) - self._entries_at_load
+        return (f"n-gram cache: pair {cache.pair_id} · {plural(len(cache), 'entry', 'entries')} (+{learned} since loaded){mode} · "
+                f"{cache.path}")
+
+    def cmd_target(self, arg: str) -> None:
+        if not arg:
+            raise OmnidraftError(f"usage: /target SPEC (now {self.pipe.target_spec})")
+        if arg == self.pipe.target_spec:
+            self.notice(f"already chatting with {arg}")
+            return
+        new = self.loader(arg)  # a failure raises here and the old target stays
+        old = self.pipe
+        try:
+            self._activate(new)
+        except OmnidraftError:
+            close_ngram_cache(new)
+            raise
+        close_ngram_cache(old)
+        del old
+        gc.collect()  # the old models are large: free them now, not at some later collection
+        template = "its chat template" if has_chat_template(new.target_tokenizer) else "a plain User:/Assistant: transcript"
+        self.notice(f"now chatting with {arg} ({template}); the conversation carries over")
+
+    def cmd_reset(self, arg: str) -> None:
+        self.messages, self.turns, self.context_start = [], [], 0
+        self.notice("new conversation (the n-gram cache and session totals are kept)")
+
+    def cmd_save(self, arg: str) -> None:
+        if not arg:
+            raise OmnidraftError("usage: /save FILE")
+        path = write_json_atomic(arg, self.transcript())
+        self.notice(f"saved {len(self.messages)} messages to {path}")
+
+    def transcript(self) -> dict:
+        """What /save writes: models, system prompt, every message (dropped ones too), per-turn stats."""
+        return {
+            "format": TRANSCRIPT_FORMAT, "version": 1,
+            "saved_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "target": self.pipe.target_spec, "drafter": self.pipe.drafter_spec, "system": self.system,
+            "config": dataclasses.asdict(self.config), "context_window": self.context_window,
+            "context_starts_at": self.context_start, "messages": self.messages,
+            "turns": [t.as_json() for t in self.turns],
+        }
+
+    def cmd_quit(self, arg: str) -> None:
+        self.finished = True
+
+    # ---- readline history under the home
+
+    def _history_path(self) -> Path:
+        return self.home / HISTORY_FILE
+
+    def _start_history(self) -> None:
+        """Line editing and history when a person types (a missing or unreadable file is fine)."""
+        if not sys.stdin.isatty():
+            return
+        try:
+            import readline
+        except ImportError:  # e.g. a Python built without it: plain input() still works
+            return
+        self._readline = readline
+        readline.set_history_length(HISTORY_LENGTH)
+        try:
+            readline.read_history_file(self._history_path())
+        except OSError:
+            pass
+
+    def _save_history(self) -> None:
+        if self._readline is None:
+            return
+        try:
+            self._readline.write_history_file(self._history_path())
+        except OSError as exc:
+            self.notice(f"warning: could not write the history {self._history_path()}: {exc.strerror or exc}")
