@@ -10,11 +10,12 @@ turns those same ids into the drafter's context, so the drafter sees exactly the
 its own tokens. A base model without a template gets a plain ``User:``/``Assistant:`` transcript
 (``runtime.encode_messages``) and its reply is cut where it starts writing the next ``User:`` turn.
 
-Trainer hook points (issue 5 wires them): :meth:`ChatSession.learn_from_turn` runs between turns
-with each finished turn's prompt and reply ids, :meth:`ChatSession.save_state` runs once on exit,
-:meth:`ChatSession.adapter_description` is the adapter line of ``/stats`` and the banner, and
-:meth:`ChatSession._activate` is where a newly loaded target becomes the active one (its cache and,
-later, its adapter follow it).
+Learning: unless ``--no-train``, the active pipeline gets an :class:`~omnidraft.train.online.OnlineLearning`:
+every reply is recorded as it streams and handed to the background trainer when it ends, so the
+pair's LoRA adapter is updated between turns, while the user reads and types (the trainer process
+waits whenever a reply is being decoded). New adapter versions are merged into the drafter between
+decoding steps. ``/target`` switches adapter, cache and template together; on exit the session
+waits for the update in flight, so the adapter on disk includes the last turn.
 """
 
 from __future__ import annotations
@@ -328,11 +329,13 @@ class ChatSession:
     """One interactive conversation over a loaded pipeline (target + drafter + n-gram cache).
 
     ``loader(spec)`` loads a pipeline for another target with the same drafter and options
-    (``/target``). ``train`` is False with ``--no-train``; the trainer reads it in the hooks.
+    (``/target``). ``learner_factory(pipeline)`` starts online learning for a pipeline; it is not
+    called when ``train`` is False (``--no-train``) or the pipeline has no drafter.
     """
 
     def __init__(self, pipeline: Any, loader: Callable[[str], Any], config: DecodeConfig, *,
                  system: str | None = None, context_window: int | None = None, train: bool = True,
+                 learner_factory: Callable[[Any], Any] | None = None,
                  home: str | os.PathLike | None = None, out: TextIO | None = None, err: TextIO | None = None) -> None:
         from omnidraft.home import home_dir
 
@@ -341,6 +344,9 @@ class ChatSession:
         self.system = system or None
         self.requested_window = context_window
         self.train = train
+        self.learner_factory = learner_factory
+        self.learner: Any = None
+        self._errors_seen = 0
         self.home = home_dir(home)
         self.out = out or sys.stdout
         self.err = err or sys.stderr
@@ -357,14 +363,33 @@ class ChatSession:
     # ---- the active target
 
     def _activate(self, pipeline: Any) -> None:
-        """Make ``pipeline`` the active one: its template, stop strings, window and n-gram cache.
-
-        The place where the pair's adapter will be switched too, once the trainer exists.
-        """
+        """Make ``pipeline`` the active one: its template, stop strings, window, n-gram cache and
+        adapter (loaded with the pipeline), and a trainer of its own."""
         self.context_window = self._effective_window(pipeline)
+        self._stop_learning()
         self.pipe = pipeline
         self.stops = stop_strings(pipeline.target_tokenizer)
         self._entries_at_load = self._cache_entries()
+        self._start_learning()
+
+    def _start_learning(self) -> None:
+        if not (self.train and self.learner_factory and getattr(self.pipe, "adapter_slot", None) is not None):
+            return
+        try:
+            self.learner = self.learner_factory(self.pipe)
+            self._errors_seen = 0
+        except (OmnidraftError, ValueError, OSError) as exc:
+            self.notice(f"warning: the drafter will not learn in this session ({exc})")
+
+    def _stop_learning(self) -> None:
+        """Let the update in flight finish and publish (the adapter on disk then has every turn)."""
+        if self.learner is None:
+            return
+        learner, self.learner = self.learner, None
+        try:
+            learner.close(train_pending=True, timeout=300)
+        except Exception as exc:  # noqa: BLE001 - state saving must not fail the exit
+            self.notice(f"warning: the trainer did not stop cleanly ({exc.__class__.__name__}: {exc})")
 
     def _effective_window(self, pipeline: Any) -> int:
         """The requested (or default) window, capped by the target's position limit."""
@@ -539,14 +564,26 @@ class ChatSession:
     # ---- trainer hook points
 
     def learn_from_turn(self, turn: TurnRecord) -> None:
-        """Trainer hook: called between turns, after a reply finished or was interrupted, never while
-        one streams. ``turn.prompt_ids`` + ``turn.reply_ids`` are the target ids the target verified;
-        ``self.train`` is False with ``--no-train``. Nothing to do until the trainer (issue 5) exists.
-        """
+        """After each turn: the recorder has already handed the reply to the trainer (it trains while
+        the user types); report trainer failures here, one line each, and never stop the chat."""
+        if self.learner is None:
+            return
+        self.learner.trainer.poll()
+        errors = self.learner.trainer.errors
+        for text in errors[self._errors_seen:]:
+            self.notice(f"warning: trainer: {text}")
+        self._errors_seen = len(errors)
 
     def adapter_description(self) -> str:
-        """The adapter line of /stats and the banner."""
-        return "none (trainer not wired yet)"
+        """The adapter line of /stats and the banner: the adapter in use and the trainer's state."""
+        slot = getattr(self.pipe, "adapter_slot", None)
+        if slot is None:
+            return "none (no drafter)"
+        used = slot.description
+        if self.learner is not None:
+            state = "training between turns" if self.learner.trainer.alive else "trainer stopped"
+            return f"{used} · {state} → {slot.folder}"
+        return f"{used} · not training{' (--no-train)' if not self.train else ''}"
 
     def save_state(self) -> None:
         """Exit hook (Ctrl-D, /quit, or a crash of the loop): write what the session learned to the
@@ -555,6 +592,9 @@ class ChatSession:
             return
         self._state_saved = True
         self._save_history()
+        if self.learner is not None:
+            self.notice("saving the adapter (finishing the update in flight)…")
+        self._stop_learning()
         try:
             close_ngram_cache(self.pipe)
         except OmnidraftError as exc:

@@ -96,6 +96,8 @@ def load_pipeline(target_spec: str, drafter_spec: str | None, *, home=None, dtyp
     for spec in (target_spec, drafter_spec):
         if spec not in (None, "none"):
             models.builtin(spec)  # an unknown builtin fails here, before minutes of loading
+    if drafter_spec not in (None, "none") and adapter not in ("auto", "none"):
+        precheck_adapter(adapter)  # a bad path fails now, not after a minute of loading
     if drafter_dtype not in DRAFTER_DTYPES:
         raise OmnidraftError(f"unknown drafter dtype {drafter_dtype!r}; choose one of {', '.join(DRAFTER_DTYPES)}")
     _log(f"loading target {target_spec}", quiet)
@@ -131,6 +133,22 @@ def adapter_slot(drafter: Drafter, identity, drafter_spec: str, target_spec: str
     from omnidraft.train.online import AdapterSlot
 
     return AdapterSlot(drafter, identity, adapter_store.pair_dir(drafter_spec, target_spec, home))
+
+
+def precheck_adapter(adapter: str) -> None:
+    """What can be checked of an explicit adapter folder before any model is loaded."""
+    from omnidraft.train import adapter_store
+
+    folder = Path(adapter).expanduser()
+    try:
+        if not folder.is_dir():
+            raise adapter_store.AdapterProblem(f"no adapter folder at {folder}")
+        version_dir = adapter_store.current_version_dir(folder)
+        if version_dir is None:
+            raise adapter_store.AdapterProblem(f"{folder} holds no published adapter")
+        adapter_store.read_meta(version_dir)
+    except adapter_store.AdapterProblem as exc:
+        raise OmnidraftError(f"--adapter {adapter}: {exc}") from None
 
 
 def use_adapter(slot, adapter: str, drafter_dtype: str, quiet: bool = False) -> None:

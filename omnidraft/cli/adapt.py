@@ -87,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
         raise OmnidraftError(f"--stream {args.stream} has no prompts at offset {args.offset}")
     pipe = load_pipeline(args.target, args.drafter, dtype=args.dtype, drafter_dtype=args.drafter_dtype,
                          cache=cache_options(args), quiet=args.json, adapter=args.adapter)
-    learner = OnlineLearning(pipe, tcfg, args.interval, top_k=args.top_k, save_to=args.save_to)
+    learner = OnlineLearning(pipe, tcfg, args.interval, top_k=args.top_k, save_to=args.save_to, nice=0)
     rates: list[float] = []
     bar = tqdm(prompts, desc="adapt", unit="prompt", disable=args.json)
     try:

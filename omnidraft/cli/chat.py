@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from functools import partial
 
+from omnidraft.cli.adapt import add_train_args, train_config
 from omnidraft.cli.generate import add_decode_args, cache_options, decode_config
 from omnidraft.errors import OmnidraftError
 
@@ -22,6 +23,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="most tokens of conversation + reply the target sees; the oldest turns are dropped beyond it "
                         "(default 4096, capped by the target's position limit)")
     p.add_argument("--no-train", action="store_true", help="do not let the trainer learn from this conversation")
+    add_train_args(p, interval=1)
     # Also accepted after the subcommand; SUPPRESS keeps `omnidraft --home H chat` working.
     p.add_argument("--home", default=argparse.SUPPRESS, help="state folder (as the global --home)")
     p.set_defaults(func=run)
@@ -37,11 +39,22 @@ def run(args: argparse.Namespace) -> int:
     if args.context_window is not None and args.context_window <= args.max_new_tokens:
         raise OmnidraftError(f"--context-window {args.context_window} leaves no room for a prompt with "
                              f"--max-new-tokens {args.max_new_tokens}")
-    loader = partial(_load, load_pipeline, drafter=args.drafter, dtype=args.dtype,
+    tcfg = train_config(args)
+    if not args.no_train and args.drafter_dtype == "int8":
+        raise OmnidraftError("an int8 drafter cannot take a LoRA adapter; use --drafter-dtype bfloat16, or --no-train")
+    loader = partial(_load, load_pipeline, drafter=args.drafter, dtype=args.dtype, adapter=args.adapter,
                      drafter_dtype=args.drafter_dtype, cache=cache_options(args))
+    learner = partial(_learner, config=tcfg, interval=args.interval, top_k=args.top_k)
     session = ChatSession(loader(args.target), loader, config, system=args.system,
-                          context_window=args.context_window, train=not args.no_train)
+                          context_window=args.context_window, train=not args.no_train, learner_factory=learner)
     return session.run()
+
+
+def _learner(pipeline, *, config, interval: int, top_k: int):
+    """Online learning for one pipeline: records each reply, trains the pair's adapter between turns."""
+    from omnidraft.train.online import OnlineLearning
+
+    return OnlineLearning(pipeline, config, interval, top_k=top_k)
 
 
 def _load(load_pipeline, target: str, *, drafter: str, **options):

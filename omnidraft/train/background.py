@@ -1,25 +1,29 @@
 """The background trainer: Algorithm 2 beside decoding, never in its way.
 
-Training runs in a child process at the lowest CPU priority (nice 19), so on a 2-core laptop the
-decoder's threads win every contested time slice, a crash or an out-of-memory in training cannot
-take generation down, and the two never share a GIL. On top of that the child *waits* while a
-request is being decoded (an event the decoder sets): it checks before every micro-batch.
+Training runs in a child process (``python -m omnidraft.train.worker``) at the lowest CPU
+priority (nice 19): on a 2-core laptop the decoder's threads win every contested time slice, a
+crash or an out-of-memory in training cannot take generation down, and the two never share a GIL.
+On top of that the child *waits* while a request is being decoded: it checks before every
+micro-batch. The child is a plain subprocess talking over two pipes (pickled messages through
+``multiprocessing.connection``), so it works the same from the CLI, a script or a notebook: unlike
+``multiprocessing``'s spawn, it never re-imports the caller's ``__main__``.
 
-Parent -> child: examples (the buffer Q fills; every ``interval`` prompts an update runs), flush,
-sync, stop. Child -> parent: "published" with the new adapter version's folder (saved atomically
-by ``adapter_store.save``), "error" lines (also written to ``trainer.log`` in the adapter folder).
-The parent applies a published adapter between decoding steps (``AdapterSlot.refresh``).
+Parent -> child: the setup, then examples (the buffer Q fills; every ``interval`` prompts an
+update runs), flush, sync, decoding on/off, pause/resume, stop. Child -> parent: "published" with
+the new adapter version's folder (saved atomically by ``adapter_store.save``), "error" lines (also
+appended to ``trainer.log`` in the adapter folder), "synced". The parent applies a published
+adapter between decoding steps (``online.AdapterSlot``).
 """
 
 from __future__ import annotations
 
 import logging
-import multiprocessing as mp
 import os
-import queue
+import subprocess
+import sys
 import time
-import traceback
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
 from pathlib import Path
 
 import numpy as np
@@ -29,7 +33,6 @@ from omnidraft.train.distill import TrainConfig
 from omnidraft.train.records import Example
 
 log = logging.getLogger("omnidraft.trainer")
-_POLL_S = 0.02
 
 
 @dataclass
@@ -44,6 +47,9 @@ class TrainerSetup:
     interval: int
     resume_from: str | None = None  # a version folder to continue training from
     meta: dict = field(default_factory=dict)  # identity, specs, counters carried over
+    # CPU priority of the child: 19 (the lowest) beside interactive decoding; a batch job that
+    # waits for its updates anyway (``omnidraft adapt``) runs it at 0 so other load cannot starve it.
+    nice: int = 19
 
 
 @dataclass
@@ -53,11 +59,12 @@ class Published:
     metrics: dict
 
 
-def _to_payload(example: Example) -> dict:
+def to_payload(example: Example) -> dict:
+    """An example as numpy arrays: pickles compactly and needs no torch shared memory."""
     return {k: (v.numpy() if isinstance(v, torch.Tensor) else v) for k, v in vars(example).items()}
 
 
-def _from_payload(payload: dict) -> Example:
+def from_payload(payload: dict) -> Example:
     return Example(**{k: (torch.from_numpy(v) if isinstance(v, np.ndarray) else v) for k, v in payload.items()})
 
 
@@ -65,85 +72,88 @@ class BackgroundTrainer:
     """Parent-side handle of the training process."""
 
     def __init__(self, setup: TrainerSetup) -> None:
-        ctx = mp.get_context("spawn")  # never fork a process that runs torch threads
-        self._inbox = ctx.Queue()
-        self._outbox = ctx.Queue()
-        self._decoding = ctx.Event()
-        self._paused = ctx.Event()
-        self._stopping = ctx.Event()
-        self._process = ctx.Process(target=_child_main, name="omnidraft-trainer", daemon=True,
-                                    args=(setup, self._inbox, self._outbox, self._decoding, self._paused, self._stopping))
-        self._process.start()
+        to_child_r, to_child_w = os.pipe()
+        from_child_r, from_child_w = os.pipe()
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        self._process = subprocess.Popen(
+            [sys.executable, "-m", "omnidraft.train.worker", str(to_child_r), str(from_child_w)],
+            pass_fds=(to_child_r, from_child_w), stdin=subprocess.DEVNULL, env=env, close_fds=True)
+        os.close(to_child_r)
+        os.close(from_child_w)
+        self._to_child = Connection(to_child_w, readable=False)
+        self._from_child = Connection(from_child_r, writable=False)
         self.setup = setup
         self.submitted = 0
         self.errors: list[str] = []
         self.published: list[Published] = []
         self._sync_token = 0
+        self._stopping = False
         self._reported_death = False
+        self._paused = False
+        self._send(("setup", setup))
 
     # ---- feeding --------------------------------------------------------------------------------
     def submit(self, example: Example) -> None:
         self.submitted += 1
-        self._inbox.put(("example", _to_payload(example)))
+        self._send(("example", to_payload(example)))
 
     def flush(self) -> None:
         """Train on what the buffer holds now, even if fewer than ``interval`` prompts."""
-        self._inbox.put(("flush",))
+        self._send(("flush",))
 
     # ---- cooperation ----------------------------------------------------------------------------
     def set_decoding(self, active: bool) -> None:
         """While a request decodes, the child does not start another micro-batch."""
-        if active:
-            self._decoding.set()
-        else:
-            self._decoding.clear()
+        self._send(("decoding", active))
 
     def pause(self) -> None:
-        self._paused.set()
+        self._paused = True
+        self._send(("pause", True))
 
     def resume(self) -> None:
-        self._paused.clear()
+        self._paused = False
+        self._send(("pause", False))
 
     @property
     def paused(self) -> bool:
-        return self._paused.is_set()
+        return self._paused
 
     @property
     def alive(self) -> bool:
-        return self._process.is_alive()
+        return self._process.poll() is None
 
     # ---- results --------------------------------------------------------------------------------
     def poll(self) -> Published | None:
-        """Drain the child's messages without blocking; the newest published adapter, if any."""
+        """Read the child's messages without blocking; the newest published adapter, if any."""
         newest = None
-        while True:
-            try:
-                msg = self._outbox.get_nowait()
-            except queue.Empty:
+        while self._readable(0):
+            msg = self._recv()
+            if msg is None:
                 break
             newest = self._handle(msg) or newest
-        if not self.alive and not self._stopping.is_set() and not self._reported_death:
-            self._reported_death = True
-            self._error(f"trainer process exited unexpectedly (exit code {self._process.exitcode}); decoding goes on without training")
+        self._check_alive()
         return newest
 
     def wait(self, timeout: float | None = None) -> Published | None:
         """Block until the child has handled everything submitted so far (training included)."""
         self._sync_token += 1
         token = self._sync_token
-        self._inbox.put(("sync", token))
+        self._send(("sync", token))
         deadline = None if timeout is None else time.monotonic() + timeout
         newest = None
         while True:
-            if not self.alive:
-                return self.poll() or newest
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
                 raise TimeoutError("the trainer did not catch up in time")
-            try:
-                msg = self._outbox.get(timeout=min(0.5, remaining) if remaining is not None else 0.5)
-            except queue.Empty:
+            if not self._readable(0.5 if remaining is None else min(0.5, remaining)):
+                if not self.alive:
+                    self._check_alive()
+                    return newest
                 continue
+            msg = self._recv()
+            if msg is None:
+                self._check_alive()
+                return newest
             if msg[0] == "synced" and msg[1] == token:
                 return newest
             newest = self._handle(msg) or newest
@@ -151,21 +161,54 @@ class BackgroundTrainer:
     def stop(self, train_pending: bool = False, timeout: float = 60.0) -> Published | None:
         """Stop the child cleanly (optionally after training the partial buffer); kill it if stuck."""
         newest = None
-        if self.alive:
-            if train_pending:
-                self.flush()
-                try:
-                    newest = self.wait(timeout)
-                except TimeoutError:
-                    pass
-            self._stopping.set()
-            self._inbox.put(("stop",))
-            self._process.join(timeout)
-            if self._process.is_alive():
-                self._process.terminate()
-                self._process.join(5)
-        newest = self.poll() or newest
+        if self.alive and train_pending:
+            self.flush()
+            try:
+                newest = self.wait(timeout)
+            except TimeoutError:
+                self._error("the trainer did not finish its last update in time; it was stopped")
+        self._stopping = True
+        self._send(("stop",))
+        try:
+            self._process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            self._process.wait(10)
+        while self._readable(0):
+            msg = self._recv()
+            if msg is None:
+                break
+            newest = self._handle(msg) or newest
+        self._to_child.close()
+        self._from_child.close()
         return newest
+
+    # ---- plumbing -------------------------------------------------------------------------------
+    def _send(self, msg: tuple) -> None:
+        if self._to_child.closed:
+            return
+        try:
+            self._to_child.send(msg)
+        except (BrokenPipeError, OSError):  # the child is gone; poll() reports it once
+            pass
+
+    def _readable(self, timeout: float) -> bool:
+        try:
+            return not self._from_child.closed and self._from_child.poll(timeout)
+        except (OSError, EOFError):
+            return False
+
+    def _recv(self) -> tuple | None:
+        try:
+            return self._from_child.recv()
+        except (EOFError, OSError):
+            return None
+
+    def _check_alive(self) -> None:
+        if not self.alive and not self._stopping and not self._reported_death:
+            self._reported_death = True
+            self._error(f"trainer process exited unexpectedly (exit code {self._process.returncode}); "
+                        "decoding goes on without training")
 
     def _handle(self, msg: tuple) -> Published | None:
         kind = msg[0]
@@ -180,103 +223,3 @@ class BackgroundTrainer:
     def _error(self, text: str) -> None:
         self.errors.append(text)
         log.warning("omnidraft: trainer: %s", text)
-
-
-# ---- the child -------------------------------------------------------------------------------------
-class _Stop(Exception):
-    """Raised inside an update when a stop is requested mid-way."""
-
-
-def _child_main(setup: TrainerSetup, inbox, outbox, decoding, paused, stopping) -> None:
-    try:
-        os.nice(19)  # decoding wins every contested time slice
-    except OSError:
-        pass
-    folder = Path(setup.adapter_folder)
-    try:
-        worker = _Worker(setup, outbox, decoding, paused, stopping)
-    except Exception as exc:  # noqa: BLE001 - reported to the parent, never raised into decoding
-        _report(outbox, folder, f"could not start ({exc.__class__.__name__}: {exc})")
-        return
-    while True:
-        msg = inbox.get()
-        try:
-            if msg[0] == "example":
-                worker.add(_from_payload(msg[1]))
-            elif msg[0] == "flush":
-                worker.train()
-            elif msg[0] == "sync":
-                outbox.put(("synced", msg[1]))
-            elif msg[0] == "stop":
-                return
-        except _Stop:
-            return
-        except Exception as exc:  # noqa: BLE001 - one bad update must not end the trainer
-            worker.buffer.clear()
-            _report(outbox, folder, f"update failed and was skipped ({exc.__class__.__name__}: {str(exc)[:200]})")
-
-
-def _report(outbox, folder: Path, text: str) -> None:
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        with open(folder / "trainer.log", "a") as fh:
-            fh.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {text}\n{traceback.format_exc()}\n")
-    except OSError:
-        pass
-    outbox.put(("error", text))
-
-
-class _Worker:
-    """The child's state: the trainable drafter, the buffer Q and the counters in the metadata."""
-
-    def __init__(self, setup: TrainerSetup, outbox, decoding, paused, stopping) -> None:
-        from omnidraft import models
-        from omnidraft.train import adapter_store
-        from omnidraft.train.distill import Distiller
-
-        self.setup, self.outbox = setup, outbox
-        self.decoding, self.paused, self.stopping = decoding, paused, stopping
-        model, _ = models.load(setup.drafter_spec, home=setup.home, dtype="float32", progress=False)
-        state = None
-        if setup.resume_from:
-            loaded = adapter_store.load(Path(setup.resume_from), None)
-            state = loaded.state if loaded else None
-        torch.manual_seed(setup.config.seed)
-        self.distiller = Distiller(model, torch.from_numpy(setup.dm_mask), setup.config, state)
-        self.buffer: list[Example] = []
-        self.meta = dict(setup.meta)
-        self.meta.setdefault("updates", 0)
-        self.meta.setdefault("records_seen", 0)
-        self.meta.setdefault("tokens_seen", 0)
-        self.meta.setdefault("history", [])
-
-    def add(self, example: Example) -> None:
-        self.buffer.append(example)
-        if len(self.buffer) >= self.setup.interval:
-            self.train()
-
-    def _yield(self) -> None:
-        """Before each micro-batch: wait while a request decodes or training is paused."""
-        while self.decoding.is_set() or self.paused.is_set():
-            if self.stopping.is_set():
-                raise _Stop
-            time.sleep(_POLL_S)
-        if self.stopping.is_set():
-            raise _Stop
-
-    def train(self) -> None:
-        from omnidraft.train import adapter_store
-        from omnidraft.train.distill import learning_curve_point
-
-        if not self.buffer:
-            return
-        batch, self.buffer = self.buffer, []
-        metrics = self.distiller.update(batch, pause=self._yield)
-        point = learning_curve_point(metrics)
-        self.meta["updates"] += 1
-        self.meta["records_seen"] += len(batch)
-        self.meta["tokens_seen"] += sum(e.emitted_tokens for e in batch)
-        self.meta["history"] = (self.meta["history"] + [point])[-50:]
-        self.meta["train_config"] = asdict(self.setup.config)
-        path = adapter_store.save(Path(self.setup.adapter_folder), self.distiller.model, self.meta)
-        self.outbox.put(("published", str(path), self.meta["updates"], point))

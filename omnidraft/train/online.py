@@ -86,7 +86,7 @@ class OnlineLearning:
     """Attach recording + background training to a pipeline that has a drafter and an AdapterSlot."""
 
     def __init__(self, pipe, config: TrainConfig, interval: int, top_k: int = DEFAULT_TOP_K,
-                 home: str | None = None, save_to: Path | None = None) -> None:
+                 home: str | None = None, save_to: Path | None = None, nice: int = 19) -> None:
         if pipe.adapter_slot is None:
             raise ValueError("online learning needs a drafter with adapters enabled")
         self.pipe = pipe
@@ -102,7 +102,7 @@ class OnlineLearning:
         self.trainer = BackgroundTrainer(TrainerSetup(
             drafter_spec=pipe.drafter_spec, home=home, adapter_folder=str(self.folder),
             dm_mask=bridge.dm_mask.numpy(), config=config, interval=interval,
-            resume_from=str(current.path) if current is not None else None, meta=meta))
+            resume_from=str(current.path) if current is not None else None, meta=meta, nice=nice))
         self.recorder = Recorder(bridge.t2d >= 0, sink=self._submit, top_k=top_k)
         self._observers = [TrainingSignal(self.trainer), self.recorder]
         pipe.decoder.observers.extend(self._observers)
