@@ -300,6 +300,13 @@ def test_quit_exits_0_and_leaves_history_and_cache_in_the_home(first_session, ch
                           capture_output=True, text=True, env=env, cwd=str(REPO), timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["caches"][0]["entries"] == int(entries)
+    # the trainer learned from both turns between them and the exit waited for its last update
+    assert "adapter: none · training between turns" in first_session["banner"]
+    proc = subprocess.run([sys.executable, "-m", "omnidraft", "adapters", "list", "--json"],
+                          capture_output=True, text=True, env=env, cwd=str(REPO), timeout=120)
+    (row,) = json.loads(proc.stdout)
+    assert row["name"] == "smollm2-135m--qwen2.5-coder-0.5b" and row["status"] == "ok"
+    assert row["updates"] == 2 and row["records_seen"] == 2
 
 
 @pytest.mark.real
@@ -310,6 +317,7 @@ def test_second_session_starts_with_the_cache_and_survives_bad_targets_and_long_
     learned = int(ENTRIES.search("\n".join(first_session["stats_after"])).group(2))
     chat = Chat(chat_home, "--max-new-tokens", "16", "--context-window", "56")
     assert int(ENTRIES.search(chat.banner).group(2)) == learned
+    assert re.search(r"adapter: \S+/v\d{6} \(update 2, 2 records\)", chat.banner), chat.banner  # and its adapter
     chat.one_error(STORY, "too long", "56")  # 55 Qwen tokens + 16 > 56
     chat.one_error("/target builtin:nope", "unknown model spec")
     switched = chat.send("/target builtin:gemma3-270m")

@@ -75,9 +75,16 @@ class BackgroundTrainer:
         to_child_r, to_child_w = os.pipe()
         from_child_r, from_child_w = os.pipe()
         env = dict(os.environ, PYTHONUNBUFFERED="1")
-        self._process = subprocess.Popen(
-            [sys.executable, "-m", "omnidraft.train.worker", str(to_child_r), str(from_child_w)],
-            pass_fds=(to_child_r, from_child_w), stdin=subprocess.DEVNULL, env=env, close_fds=True)
+        folder = Path(setup.adapter_folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        self.log_path = folder / "trainer.log"
+        with open(self.log_path, "ab") as log_file:  # the child's own output never reaches the user's terminal
+            # A session of its own: Ctrl-C in a terminal (SIGINT to the foreground process group)
+            # stops a chat reply, never the trainer; the trainer ends when its pipe closes.
+            self._process = subprocess.Popen(
+                [sys.executable, "-m", "omnidraft.train.worker", str(to_child_r), str(from_child_w)],
+                pass_fds=(to_child_r, from_child_w), stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file,
+                env=env, close_fds=True, start_new_session=True)
         os.close(to_child_r)
         os.close(from_child_w)
         self._to_child = Connection(to_child_w, readable=False)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import queue
+import signal
 import sys
 import threading
 import time
@@ -128,6 +129,8 @@ def _report(outbox: Connection, folder: Path | None, text: str) -> None:
 
 def main(read_fd: int, write_fd: int) -> int:
     from omnidraft.train.background import from_payload
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when training stops
 
     outbox = Connection(write_fd, readable=False)
     inbox = _Inbox(Connection(read_fd, writable=False))
