@@ -21,8 +21,9 @@ from omnidraft.errors import OmnidraftError
 DEFAULT_INTERVAL = 8
 
 
-def add_train_args(parser: argparse.ArgumentParser, interval: int = DEFAULT_INTERVAL) -> None:
-    """Trainer options shared by adapt and chat (defaults: OmniDraft Appendix A.2)."""
+def add_train_args(parser: argparse.ArgumentParser, interval: int = DEFAULT_INTERVAL, loss: bool = True) -> None:
+    """Trainer options shared by adapt, chat and the online bench (defaults: OmniDraft Appendix A.2);
+    ``loss=False`` leaves out --loss for a caller that compares losses itself."""
     from omnidraft.train.distill import TrainConfig
     from omnidraft.train.loss import LOSS_KINDS, NGRAM_WEIGHTS
     from omnidraft.train.records import DEFAULT_TOP_K
@@ -30,7 +31,8 @@ def add_train_args(parser: argparse.ArgumentParser, interval: int = DEFAULT_INTE
     d = TrainConfig()
     g = parser.add_argument_group("training")
     g.add_argument("--interval", type=int, default=interval, help=f"prompts per update, I (default {interval})")
-    g.add_argument("--loss", choices=LOSS_KINDS, default=d.loss, help="dm: L_DM only; hybrid: L_DM + λ·L_N-gram (eq. 3)")
+    if loss:
+        g.add_argument("--loss", choices=LOSS_KINDS, default=d.loss, help="dm: L_DM only; hybrid: L_DM + λ·L_N-gram (eq. 3)")
     g.add_argument("--ngram-weight", choices=NGRAM_WEIGHTS, default=d.ngram_weight,
                    help="weight of the n-gram NLL: const (λ) or target-prob (the verified p(t))")
     g.add_argument("--lambda", dest="lam", type=float, default=d.lam, help=f"λ for --ngram-weight const (default {d.lam})")
@@ -46,7 +48,7 @@ def train_config(args: argparse.Namespace):
 
     if args.interval < 1 or args.top_k < 1:
         raise OmnidraftError("--interval and --top-k must be at least 1")
-    config = TrainConfig(loss=args.loss, ngram_weight=args.ngram_weight, lam=args.lam, lr=args.lr,
+    config = TrainConfig(loss=getattr(args, "loss", "hybrid"), ngram_weight=args.ngram_weight, lam=args.lam, lr=args.lr,
                          batch_size=args.batch_size, rank=args.rank, alpha=args.alpha)
     try:
         config.validate()
