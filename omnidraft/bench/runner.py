@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -53,9 +53,15 @@ def interleave(num_prompts: int, modes: Sequence[str]) -> list[tuple[int, str]]:
     return [(p, m) for p in range(num_prompts) for m in modes]
 
 
-def summarize(runs: dict[str, list[PromptRun]], baseline: str = "target") -> dict[str, dict]:
-    """Per-mode table: tokens/s, per-prompt speedup vs ``baseline`` (median, mean), acceptance…"""
-    base = runs.get(baseline)
+def summarize(runs: dict[str, list[PromptRun]], baseline: str | None = "target",
+              compare: Collection[str] = GREEDY_MODES) -> dict[str, dict]:
+    """Per-mode table: tokens/s, per-prompt speedup vs ``baseline`` (median, mean), acceptance…
+
+    ``compare``: the modes whose outputs must equal the baseline's (the greedy, lossless ones);
+    they get ``identical_to_target``. ``baseline=None``: no ratios (runs that were not timed
+    against the target, such as the cache ablation's learning stream).
+    """
+    base = runs.get(baseline) if baseline is not None else None
     out: dict[str, dict] = {}
     for mode, mode_runs in runs.items():
         tokens = sum(len(r.token_ids) for r in mode_runs)
@@ -78,7 +84,7 @@ def summarize(runs: dict[str, list[PromptRun]], baseline: str = "target") -> dic
             "ngram_hits_accepted": sum(r.ngram_hits_accepted for r in mode_runs),
             "time_split_s": split,
         }
-        if mode in GREEDY_MODES and base:
+        if mode in compare and base:
             row["identical_to_target"] = all(r.token_ids == b.token_ids for r, b in zip(mode_runs, base))
         out[mode] = row
     return out

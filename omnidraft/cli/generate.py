@@ -29,8 +29,14 @@ def add_decode_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-ngram", action="store_true", help="do not use or learn the n-gram cache")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dtype", default="float32", help="target dtype: float32 (default) or bfloat16")
+    add_cache_args(parser)
+
+
+def add_cache_args(parser: argparse.ArgumentParser) -> None:
+    """The persistent n-gram cache's options (generate, chat, bench). ``--cache-policy`` defaults
+    to None (meaning lru) so a command can tell whether it was given."""
     parser.add_argument("--cache-size", type=int, default=None, help="cap on n-gram cache entries (default: no cap)")
-    parser.add_argument("--cache-policy", choices=("lru", "lfu"), default="lru", help="eviction policy when capped")
+    parser.add_argument("--cache-policy", choices=("lru", "lfu"), default=None, help="eviction policy when capped (default lru)")
     parser.add_argument("--freeze-cache", action="store_true", help="use the n-gram cache read-only (evaluation)")
     parser.add_argument("--adapter", default="auto",
                         help="drafter LoRA adapter: auto (the pair's, if trained), none, or a folder")
@@ -42,7 +48,7 @@ def cache_options(args: argparse.Namespace):
     if args.cache_size is not None and args.cache_size < 1:
         raise OmnidraftError("--cache-size must be at least 1 (leave it out for no cap)")
     return CacheOptions(enabled=not args.no_ngram, max_entries=args.cache_size,
-                        policy=args.cache_policy, frozen=args.freeze_cache)
+                        policy=args.cache_policy or "lru", frozen=args.freeze_cache)
 
 
 def decode_config(args: argparse.Namespace) -> DecodeConfig:

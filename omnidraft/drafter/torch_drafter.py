@@ -40,6 +40,10 @@ class Drafter:
         text_ok = [data is not None or bridge.d2t_list[i] >= 0 for i, data in enumerate(bridge.d.token_bytes[:vocab])]
         self.text_bias = torch.full((vocab,), float("-inf"))
         self.text_bias[: len(text_ok)] = torch.where(torch.tensor(text_ok), 0.0, float("-inf"))
+        # Memo of _root_extras, keyed by the cache object *and* its version: one drafter serves
+        # several caches (bench modes, the cache ablation's configurations), whose versions or
+        # lengths can coincide while their keys differ. Holding the cache keeps its id unique.
+        self._root_cache: NgramTrie | None = None
         self._root_version = -1
         self._root_extra = torch.empty(0, dtype=torch.long)
 
@@ -49,10 +53,10 @@ class Drafter:
     def _root_extras(self, ngrams: NgramTrie) -> torch.Tensor:
         """Non-direct-mapped first sub-tokens of cached n-grams (recomputed when the cache grows)."""
         version = getattr(ngrams, "version", len(ngrams))  # a capped store evicts without changing len
-        if self._root_version != version:
+        if self._root_cache is not ngrams or self._root_version != version:
             ids = [t for t in ngrams.root.children if t < len(self.dm_bias) and not torch.isfinite(self.dm_bias[t])]
             self._root_extra = torch.tensor(ids, dtype=torch.long)
-            self._root_version = version
+            self._root_cache, self._root_version = ngrams, version
         return self._root_extra
 
     def _bias(self, ngrams: NgramTrie | None, active: list[TrieNode]) -> torch.Tensor:
