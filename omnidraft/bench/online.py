@@ -36,7 +36,7 @@ from omnidraft.train.distill import Distiller, TrainConfig, learning_curve_point
 from omnidraft.train.records import Record, Recorder, preimage_table, to_example
 
 LOSSES = ("dm", "hybrid")
-LOSS_LABEL = {"none": "no training (SpD)", "dm": "L_DM", "hybrid": "L_DM + λ·L_N-gram"}
+LOSS_LABEL = {"none": "no training (SpD)", "dm": "L_DM (LoRA)", "hybrid": "L_DM + λ·L_N-gram (LoRA)"}
 
 
 @dataclass
@@ -191,7 +191,7 @@ def run_online(pipe, plan: OnlinePlan, decode: DecodeConfig, train: TrainConfig,
         adapters = {loss: in_memory_adapter(states[loss][t], train, f"{loss}@{t}") for loss in plan.losses} if t else {"none": None}
         for set_name, prompts in plan.held_out.items():
             runs = evaluate(pipe, prompts, adapters, decode, progress, desc=f"evaluate {set_name} @{t}")
-            points.append({"prompts_streamed": t, "set": set_name, "modes": summarize(runs)})
+            points.append({"prompts_streamed": t, "set": set_name, "modes": summarize(runs, compare=list(runs))})
     return {"checkpoints": points, "train_curves": curves, "stream_sets": plan.stream_sets}
 
 
@@ -220,7 +220,7 @@ def markdown(result: dict, meta: dict) -> str:
         for mode, r in rows:
             if not r:
                 continue
-            lines.append(f"| {LOSS_LABEL[mode]} (LoRA) | {r['acceptance_rate']:.3f} | {_rel(r['acceptance_rate'], base.get('acceptance_rate'))} | "
+            lines.append(f"| {LOSS_LABEL[mode]} | {r['acceptance_rate']:.3f} | {_rel(r['acceptance_rate'], base.get('acceptance_rate'))} | "
                          f"{r['tokens_per_target_forward']:.2f} | {r['speedup_vs_target']:.2f}× | "
                          f"{_rel(r['speedup_vs_target'], base.get('speedup_vs_target'))} | {'yes' if r.get('identical_to_target') else 'NO'} |")
         lines += [f"\n### {set_name}: every checkpoint\n", "| prompts streamed | method | acceptance | tokens/target fwd | speedup (median) |", "|---|---|---|---|---|"]

@@ -9,7 +9,10 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from omnidraft.cli.generate import add_cache_args
+from omnidraft.cli.adapt import add_train_args
+from omnidraft.cli.bench_online import DEFAULT_STREAM_N as ONLINE_STREAM_N
+from omnidraft.cli.bench_online import add_online_args, run_online_ablation
+from omnidraft.cli.generate import add_adapter_arg, add_cache_args
 from omnidraft.config import DEFAULT_DRAFTER_DTYPE, DecodeConfig
 from omnidraft.errors import OmnidraftError
 
@@ -40,13 +43,19 @@ def register(sub: argparse._SubParsersAction) -> None:
                             "persistent cache under the home, as generate uses it")
     add_cache_args(cache)
     ablation = p.add_argument_group("ablation")
-    ablation.add_argument("--ablation", choices=("cache",), default=None,
+    ablation.add_argument("--ablation", choices=("cache", "online"), default=None,
                           help="cache: learn a cache over a stream of prompts, then compare no cache, 1/4 and 1/2 of its "
-                               "size under LRU and LFU, and the full cache on the held-out --n prompts that follow")
+                               "size under LRU and LFU, and the full cache on the held-out --n prompts that follow; "
+                               "online: distil the target into the drafter's LoRA adapter over a stream (per loss) and "
+                               "evaluate the held-out --n prompts that follow at checkpoints")
     ablation.add_argument("--stream-n", type=int, default=None,
-                          help=f"(--ablation cache) prompts in the learning stream, from --offset (default {DEFAULT_STREAM_N})")
+                          help=f"prompts in the learning stream, from --offset (default {DEFAULT_STREAM_N} for cache, "
+                               f"{ONLINE_STREAM_N} for online)")
     ablation.add_argument("--verify", choices=("greedy", "omnidraft"), default=None,
                           help="(--ablation cache) greedy (default, lossless) or omnidraft sampling at --temperature")
+    add_online_args(ablation)
+    add_train_args(p, loss=False)
+    add_adapter_arg(p)
     p.set_defaults(func=run)
 
 
@@ -62,9 +71,10 @@ def _validate(args: argparse.Namespace) -> list[str]:
     from omnidraft.bench.runner import ALL_MODES
 
     _validate_common(args)
-    for flag, value in (("--stream-n", args.stream_n), ("--verify", args.verify)):
+    for flag, value in (("--stream-n", args.stream_n), ("--verify", args.verify), ("--shift-to", args.shift_to),
+                        ("--records", args.records)):
         if value is not None:
-            raise OmnidraftError(f"{flag} belongs to --ablation cache (plain bench picks verifiers with --modes)")
+            raise OmnidraftError(f"{flag} belongs to --ablation (plain bench picks verifiers with --modes)")
     modes = [m.strip() for m in (args.modes or DEFAULT_MODES).split(",") if m.strip()]
     unknown = [m for m in modes if m not in ALL_MODES]
     if unknown or not modes:
@@ -77,18 +87,21 @@ def _validate(args: argparse.Namespace) -> list[str]:
 
 
 def _validate_ablation(args: argparse.Namespace) -> int:
-    """--ablation cache: returns the stream length. The ablation sets every cache itself."""
+    """--ablation cache|online: returns the stream length. The ablation sets every cache itself."""
     _validate_common(args)
-    stream_n = DEFAULT_STREAM_N if args.stream_n is None else args.stream_n
+    default = DEFAULT_STREAM_N if args.ablation == "cache" else ONLINE_STREAM_N
+    stream_n = default if args.stream_n is None else args.stream_n
     if stream_n < 1:
         raise OmnidraftError("--stream-n must be at least 1")
     given = [flag for flag, on in (("--modes", args.modes is not None), ("--cache-size", args.cache_size is not None),
                                    ("--cache-policy", args.cache_policy is not None), ("--freeze-cache", args.freeze_cache),
                                    ("--ngram-cache home", args.ngram_cache == "home")) if on]
     if given:
-        raise OmnidraftError(f"--ablation cache sets its own modes and caches; drop {', '.join(given)}")
+        raise OmnidraftError(f"--ablation {args.ablation} sets its own modes and caches; drop {', '.join(given)}")
     if args.drafter == "none":
-        raise OmnidraftError("--ablation cache needs a drafter (not --drafter none)")
+        raise OmnidraftError(f"--ablation {args.ablation} needs a drafter (not --drafter none)")
+    if args.ablation == "cache" and (args.shift_to or args.records):
+        raise OmnidraftError("--shift-to and --records belong to --ablation online")
     return stream_n
 
 
@@ -131,12 +144,15 @@ def _load(args: argparse.Namespace):
     asked for (--ngram-cache home, once per mode), so a bench never writes the user's state."""
     from omnidraft.runtime import CacheOptions, load_pipeline
 
-    return load_pipeline(args.target, args.drafter, drafter_dtype=args.drafter_dtype, cache=CacheOptions(enabled=False))
+    return load_pipeline(args.target, args.drafter, drafter_dtype=args.drafter_dtype, cache=CacheOptions(enabled=False),
+                         adapter=args.adapter)
 
 
 def run(args: argparse.Namespace) -> int:
     if args.ablation == "cache":
         return run_cache_ablation(args)
+    if args.ablation == "online":
+        return run_online_ablation(args, _validate_ablation(args))
     from omnidraft.bench.report import markdown_table, write_results
     from omnidraft.bench.runner import build_modes, run_bench, summarize
     from omnidraft.data import load_prompts

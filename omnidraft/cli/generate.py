@@ -29,7 +29,13 @@ def add_decode_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-ngram", action="store_true", help="do not use or learn the n-gram cache")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dtype", default="float32", help="target dtype: float32 (default) or bfloat16")
+    add_adapter_arg(parser)
     add_cache_args(parser)
+
+
+def add_adapter_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--adapter", default="auto",
+                        help="drafter LoRA adapter: auto (the pair's, if trained), none, or an adapter folder")
 
 
 def add_cache_args(parser: argparse.ArgumentParser) -> None:
@@ -38,8 +44,6 @@ def add_cache_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cache-size", type=int, default=None, help="cap on n-gram cache entries (default: no cap)")
     parser.add_argument("--cache-policy", choices=("lru", "lfu"), default=None, help="eviction policy when capped (default lru)")
     parser.add_argument("--freeze-cache", action="store_true", help="use the n-gram cache read-only (evaluation)")
-    parser.add_argument("--adapter", default="auto",
-                        help="drafter LoRA adapter: auto (the pair's, if trained), none, or a folder")
 
 
 def cache_options(args: argparse.Namespace):
