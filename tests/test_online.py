@@ -1,0 +1,110 @@
+"""`omnidraft adapt`, the adapter in `generate`, and the online distillation benchmark: its
+bookkeeping on small inputs, and one short real run of each command."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from omnidraft.bench.online import RecordCache, checkpoints_for, markdown
+from omnidraft.train.records import Record
+
+from conftest import DRAFTER, TEST_HOME
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_checkpoints_are_spread_evenly_and_end_at_the_stream_end():
+    assert checkpoints_for(200, 4) == [0, 50, 100, 150, 200]
+    assert checkpoints_for(10, 3) == [0, 3, 7, 10]
+    assert checkpoints_for(5, 1) == [0, 5]
+
+
+def _record(n: int) -> Record:
+    return Record([1, 2], list(range(n)), torch.zeros(n, 4, dtype=torch.int32), torch.full((n, 4), -2.0),
+                  torch.zeros(n), torch.full((n,), -0.5))
+
+
+def test_record_cache_round_trip_and_foreign_meta_is_ignored(tmp_path):
+    meta = {"target": "t", "drafter": "d", "max_new_tokens": 8, "top_k": 4, "verify": "greedy"}
+    cache = RecordCache(tmp_path / "r.pt", meta)
+    cache.records[RecordCache.key([5, 6])] = _record(3)
+    cache.save()
+    again = RecordCache(tmp_path / "r.pt", meta)
+    got = again.records[RecordCache.key([5, 6])]
+    assert got.emitted_ids == [0, 1, 2] and torch.equal(got.topk_logp, torch.full((3, 4), -2.0))
+    assert RecordCache(tmp_path / "r.pt", dict(meta, max_new_tokens=16)).records == {}
+    assert RecordCache.key([5, 6]) != RecordCache.key([6, 5])
+
+
+def test_markdown_reports_relative_change_against_the_untrained_drafter():
+    row = lambda acc, spd: {"acceptance_rate": acc, "tokens_per_target_forward": 2.0, "speedup_vs_target": spd,  # noqa: E731
+                            "identical_to_target": True}
+    result = {"checkpoints": [
+        {"prompts_streamed": 0, "set": "humaneval", "modes": {"target": row(0, 1.0), "none": row(0.5, 1.2)}},
+        {"prompts_streamed": 8, "set": "humaneval", "modes": {"target": row(0, 1.0), "dm": row(0.6, 1.5), "hybrid": row(0.75, 1.8)}}],
+        "train_curves": {}, "stream_sets": []}
+    meta = {"drafter": "d", "target": "t", "stream": "humaneval", "stream_n": 8, "interval": 4, "held_out": {"humaneval": 2},
+            "max_new_tokens": 16, "losses": ["dm", "hybrid"],
+            "train": {"rank": 32, "lr": 1e-4, "batch_size": 8, "lam": 0.2, "ngram_weight": "const"}}
+    md = markdown(result, meta)
+    assert "| L_DM + λ·L_N-gram (LoRA) | 0.750 | +50% | 2.00 | 1.80× | +50% | yes |" in md
+    assert "| L_DM (LoRA) | 0.600 | +20% |" in md
+
+
+def _cli(home: Path, *args: str, timeout: int = 1500) -> subprocess.CompletedProcess:
+    env = dict(os.environ, OMNIDRAFT_HOME=str(home))
+    return subprocess.run([sys.executable, "-m", "omnidraft", *args], capture_output=True, text=True, env=env,
+                          cwd=str(REPO), timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory) -> Path:
+    home = tmp_path_factory.mktemp("online_home")
+    (home / "models").symlink_to(TEST_HOME / "models", target_is_directory=True)  # reuse dequantized models
+    return home
+
+
+@pytest.mark.real
+def test_adapt_trains_the_pairs_adapter_and_generate_uses_it(home):
+    proc = _cli(home, "adapt", "--drafter", DRAFTER, "--stream", "humaneval", "--n", "3", "--interval", "2",
+                "--max-new-tokens", "16", "--json")
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout)
+    assert summary["prompts"] == 3 and summary["updates"] == 2  # one full interval + the partial buffer at the end
+    assert summary["trainer_errors"] == [] and "smollm2-135m--qwen2.5-coder-0.5b" in summary["adapter"]
+
+    gen = _cli(home, "generate", "--prompt", "def add(a, b):", "--max-new-tokens", "8")
+    assert gen.returncode == 0 and "adapter " in gen.stderr and "update 2" in gen.stderr, gen.stderr
+    plain = _cli(home, "generate", "--prompt", "def add(a, b):", "--max-new-tokens", "8", "--adapter", "none")
+    assert plain.returncode == 0 and "adapter " not in plain.stderr
+    assert gen.stdout == plain.stdout  # greedy output is the target's with or without an adapter
+
+    again = _cli(home, "adapt", "--drafter", DRAFTER, "--stream", "humaneval", "--offset", "3", "--n", "1",
+                 "--interval", "1", "--max-new-tokens", "16", "--json")
+    assert again.returncode == 0 and json.loads(again.stdout)["updates"] == 3  # continues the pair's adapter
+
+
+@pytest.mark.real
+def test_online_bench_short_real_run(home, tmp_path):
+    out = tmp_path / "online"
+    adapters_before = sorted(str(p) for p in (home / "adapters").rglob("*")) if (home / "adapters").exists() else []
+    proc = _cli(home, "bench", "--ablation", "online", "--prompts", "humaneval", "--stream-n", "4", "--n", "2",
+                "--max-new-tokens", "16", "--checkpoints", "1", "--interval", "2", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads((out / "results.json").read_text())
+    points = {(p["prompts_streamed"], p["set"]): p["modes"] for p in result["checkpoints"]}
+    assert set(points) == {(0, "humaneval"), (4, "humaneval")}
+    assert set(points[(0, "humaneval")]) == {"target", "none"} and set(points[(4, "humaneval")]) == {"target", "dm", "hybrid"}
+    assert all(m["identical_to_target"] for modes in points.values() for m in modes.values())
+    assert {len(result["train_curves"][loss]) for loss in ("dm", "hybrid")} == {2}  # an update every 2 prompts
+    assert (out / "online.png").stat().st_size > 10_000 and (out / "records.pt").is_file()
+    assert "L_DM + λ·L_N-gram (LoRA)" in (out / "results.md").read_text()
+    adapters_after = sorted(str(p) for p in (home / "adapters").rglob("*")) if (home / "adapters").exists() else []
+    assert adapters_after == adapters_before  # the benchmark trains in memory: the user's adapters stay as they were
