@@ -74,7 +74,10 @@ class BackgroundTrainer:
     def __init__(self, setup: TrainerSetup) -> None:
         to_child_r, to_child_w = os.pipe()
         from_child_r, from_child_w = os.pipe()
+        # Idle OpenMP threads sleep instead of spinning: spinning trainer threads would steal the
+        # cores the decoder needs the moment a request arrives.
         env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
         folder = Path(setup.adapter_folder)
         folder.mkdir(parents=True, exist_ok=True)
         self.log_path = folder / "trainer.log"
