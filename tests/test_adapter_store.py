@@ -5,7 +5,6 @@ adapters are exercised in test_train_real.py."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys

@@ -177,7 +177,7 @@ def test_ablation_arguments_are_checked_before_loading():
     assert_one_line_error(omnidraft("bench", "--ablation", "cache", "--modes", "greedy"), "--modes")
     assert_one_line_error(omnidraft("bench", "--ablation", "cache", "--cache-size", "5"), "--cache-size")
     assert_one_line_error(omnidraft("bench", "--ablation", "cache", "--stream-n", "0"), "--stream-n")
-    assert_one_line_error(omnidraft("bench", "--stream-n", "4"), "--ablation cache")
+    assert_one_line_error(omnidraft("bench", "--stream-n", "4"), "--ablation")
     assert_one_line_error(omnidraft("bench", "--freeze-cache"), "--ngram-cache home")
     assert_one_line_error(omnidraft("bench", "--cache-policy", "lfu"), "--cache-size")
 

@@ -205,7 +205,7 @@ def _rows_at(result: dict, t: int, set_name: str) -> dict:
 
 def markdown(result: dict, meta: dict) -> str:
     """Table 1's shape (before/after per loss) per held-out set, then every checkpoint."""
-    lines = [f"# omnidraft online distillation\n",
+    lines = ["# omnidraft online distillation\n",
              f"drafter `{meta['drafter']}` → target `{meta['target']}`, stream {meta['stream']} × {meta['stream_n']} "
              f"(interval {meta['interval']}), held-out {', '.join(f'{k} × {v}' for k, v in meta['held_out'].items())}, "
              f"{meta['max_new_tokens']} new tokens, greedy; LoRA rank {meta['train']['rank']}, lr {meta['train']['lr']}, "

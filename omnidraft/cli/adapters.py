@@ -50,12 +50,12 @@ def _size(folder: Path) -> int:
 
 
 def _resolve(name: str) -> Path:
-    from omnidraft.home import state_dir
+    from omnidraft.train.adapter_store import adapters_root
 
     path = Path(name).expanduser()
     if path.is_dir():
         return path
-    candidate = state_dir("adapters") / name
+    candidate = adapters_root() / name
     if "/" not in name and candidate.is_dir():
         return candidate
     raise OmnidraftError(f"no adapter named {name!r}; `omnidraft adapters list` shows them")

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from omnidraft.home import state_dir
+from omnidraft.home import home_dir
 
 FORMAT_VERSION = 1
 META_FILE = "omnidraft-adapter.json"
@@ -51,8 +51,13 @@ def spec_slug(spec: str) -> str:
     return f"{tail}-{hashlib.sha256(spec.encode()).hexdigest()[:8]}"
 
 
+def adapters_root(home: str | os.PathLike | None = None) -> Path:
+    """The adapters/ folder; not created here, so looking for an adapter leaves the home untouched."""
+    return home_dir(home) / "adapters"
+
+
 def pair_dir(drafter_spec: str, target_spec: str, home: str | os.PathLike | None = None) -> Path:
-    return state_dir("adapters", home) / f"{spec_slug(drafter_spec)}--{spec_slug(target_spec)}"
+    return adapters_root(home) / f"{spec_slug(drafter_spec)}--{spec_slug(target_spec)}"
 
 
 def architecture_fingerprint(model: torch.nn.Module) -> str:
@@ -153,7 +158,8 @@ def load(folder: Path, identity: Identity | None) -> LoadedAdapter | None:
 
 
 def list_pairs(home: str | os.PathLike | None = None) -> list[Path]:
-    return sorted(p for p in state_dir("adapters", home).iterdir() if p.is_dir() and "--" in p.name)
+    root = adapters_root(home)
+    return sorted(p for p in root.iterdir() if p.is_dir() and "--" in p.name) if root.is_dir() else []
 
 
 # ---- writing -----------------------------------------------------------------------------------

@@ -9,7 +9,6 @@ LoRA adapter every ``interval`` prompts and saves it under ``adapters/<drafter>-
 
 from __future__ import annotations
 
-import logging
 import sys
 from pathlib import Path
 
@@ -20,9 +19,6 @@ from omnidraft.train.background import BackgroundTrainer, Published, TrainerSetu
 from omnidraft.train.distill import TrainConfig
 from omnidraft.train.lora import MergedLora
 from omnidraft.train.records import DEFAULT_TOP_K, Record, Recorder, preimage_table, to_example
-
-log = logging.getLogger("omnidraft.trainer")
-
 
 def warn(text: str) -> None:
     print(f"omnidraft: {text}", file=sys.stderr, flush=True)
