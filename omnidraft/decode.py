@@ -15,11 +15,11 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from omnidraft.config import DecodeConfig
 from omnidraft.drafter import Draft, Drafter
 from omnidraft.errors import OmnidraftError
 from omnidraft.ngram.trie import NgramTrie
 from omnidraft.target import TargetBackend
-from omnidraft.config import DecodeConfig
 from omnidraft.verify import greedy_verify, probs_from_logits, sample_verify
 from omnidraft.vocab import DrafterContext, Translation, VocabBridge
 

@@ -226,7 +226,6 @@ def _cache_valid(path: Path, model: BuiltinModel) -> bool:
 
 def load(spec: str, home=None, dtype: str = "float32", progress: bool = True):
     """Load ``spec`` as ``(model, tokenizer)`` in eval mode with the requested torch dtype."""
-    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch_dtype = _dtype(dtype)

@@ -9,9 +9,9 @@ from pathlib import Path
 import torch
 
 from omnidraft import models
+from omnidraft.config import DEFAULT_DRAFTER_DTYPE
 from omnidraft.decode import SpeculativeDecoder
 from omnidraft.drafter import Drafter
-from omnidraft.config import DEFAULT_DRAFTER_DTYPE
 from omnidraft.errors import OmnidraftError
 from omnidraft.kv import output_vocab_size
 from omnidraft.ngram.trie import NgramTrie

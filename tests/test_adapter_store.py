@@ -14,11 +14,10 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from omnidraft.train import adapter_store, lora
-
 from test_cli import assert_one_line_error, omnidraft
 from tiny import tiny_model
+
+from omnidraft.train import adapter_store, lora
 
 IDENTITY = adapter_store.Identity("d" * 16, "t" * 16, "a" * 16)
 

@@ -9,13 +9,12 @@ import time
 import numpy as np
 import pytest
 import torch
+from tiny import tiny_model, tiny_tokenizer
 
 from omnidraft.train import adapter_store
 from omnidraft.train.background import BackgroundTrainer, TrainerSetup
 from omnidraft.train.distill import TrainConfig
 from omnidraft.train.records import Example
-
-from tiny import tiny_model, tiny_tokenizer
 
 VOCAB = 64
 

@@ -8,15 +8,14 @@ import subprocess
 import sys
 
 import pytest
+from conftest import DRAFTER, TEST_HOME
+from tiny import tiny_model, tiny_tokenizer
 
 from omnidraft.bench.report import markdown_table
 from omnidraft.bench.runner import PromptRun, interleave, our_mode, run_bench, summarize
 from omnidraft.config import DecodeConfig
 from omnidraft.decode import SpeculativeDecoder
 from omnidraft.target import LocalTarget
-
-from conftest import DRAFTER, TEST_HOME
-from tiny import tiny_model, tiny_tokenizer
 
 
 def test_interleave_runs_every_mode_per_prompt_in_turn():

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import pytest
+from conftest import DRAFTER, TARGETS
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from omnidraft.ngram import NgramTrie
 from omnidraft.runtime import build_bridge
 from omnidraft.vocab import DrafterContext
-
-from conftest import DRAFTER, TARGETS
 
 TEXT = st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=60)
 

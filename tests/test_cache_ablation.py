@@ -10,21 +10,40 @@ import sys
 from fractions import Fraction
 
 import pytest
+from conftest import DRAFTER, TEST_HOME
+from test_cli import assert_one_line_error, omnidraft
+from tiny import DRAFTER_CORPUS, tiny_model, tiny_tokenizer
 
-from omnidraft.bench.cache_ablation import (FULL, NO_CACHE, TARGET, AblationResult, GrowthPoint, Stream, cap_size,
-                                            capped_configs, config_names, curve_at, fresh_store, next_point,
-                                            reopen_frozen, run_streams, speculative_config)
-from omnidraft.bench.cache_report import ablation_table, growth_summary, plot_growth, stream_table, write_ablation
+from omnidraft.bench.cache_ablation import (
+    FULL,
+    NO_CACHE,
+    TARGET,
+    AblationResult,
+    GrowthPoint,
+    Stream,
+    cap_size,
+    capped_configs,
+    config_names,
+    curve_at,
+    fresh_store,
+    next_point,
+    reopen_frozen,
+    run_streams,
+    speculative_config,
+)
+from omnidraft.bench.cache_report import (
+    ablation_table,
+    growth_summary,
+    plot_growth,
+    stream_table,
+    write_ablation,
+)
 from omnidraft.bench.runner import PromptRun, summarize
 from omnidraft.config import DecodeConfig
 from omnidraft.errors import OmnidraftError
 from omnidraft.ngram import NgramTrie
 from omnidraft.runtime import build_bridge, make_drafter
 from omnidraft.target import LocalTarget
-
-from conftest import DRAFTER, TEST_HOME
-from test_cli import assert_one_line_error, omnidraft
-from tiny import DRAFTER_CORPUS, tiny_model, tiny_tokenizer
 
 PAIR = "0123456789ab-ba9876543210"
 

@@ -15,13 +15,24 @@ from pathlib import Path
 
 import pexpect
 import pytest
-
 from conftest import DRAFTER, TEST_HOME
 from test_cli import assert_one_line_error, omnidraft
 from tiny import tiny_tokenizer
 
-from omnidraft.chat import (DIM, PLAIN_TRANSCRIPT_STOPS, Command, ReplyAssembler, SigintFlag, StopScanner, fit_messages,
-                            format_status, parse_input, render_conversation, stop_strings, write_json_atomic)
+from omnidraft.chat import (
+    DIM,
+    PLAIN_TRANSCRIPT_STOPS,
+    Command,
+    ReplyAssembler,
+    SigintFlag,
+    StopScanner,
+    fit_messages,
+    format_status,
+    parse_input,
+    render_conversation,
+    stop_strings,
+    write_json_atomic,
+)
 from omnidraft.decode import DecodeStats
 from omnidraft.errors import OmnidraftError
 

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from omnidraft import fastlinear
 from omnidraft.config import DecodeConfig
 from omnidraft.errors import OmnidraftError
-
-import pytest
 
 
 class Tiny(torch.nn.Module):

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import DRAFTER, TARGETS
 
 from omnidraft.kv import CachedLM, common_prefix_len
-
-from conftest import DRAFTER, TARGETS
 
 
 def test_common_prefix_len():

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import TARGETS
 
 from omnidraft.decode import DecodeConfig
 from omnidraft.runtime import encode_prompt
-
-from conftest import TARGETS
 
 NEW_TOKENS = 64
 PROMPTS = [

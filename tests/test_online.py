@@ -11,11 +11,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import DRAFTER, TEST_HOME
 
 from omnidraft.bench.online import RecordCache, checkpoints_for, markdown
 from omnidraft.train.records import Record
-
-from conftest import DRAFTER, TEST_HOME
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -44,7 +43,7 @@ def test_record_cache_round_trip_and_foreign_meta_is_ignored(tmp_path):
 
 
 def test_markdown_reports_relative_change_against_the_untrained_drafter():
-    row = lambda acc, spd: {"acceptance_rate": acc, "tokens_per_target_forward": 2.0, "speedup_vs_target": spd,  # noqa: E731
+    row = lambda acc, spd: {"acceptance_rate": acc, "tokens_per_target_forward": 2.0, "speedup_vs_target": spd,
                             "identical_to_target": True}
     result = {"checkpoints": [
         {"prompts_streamed": 0, "set": "humaneval", "modes": {"target": row(0, 1.0), "none": row(0.5, 1.2)}},

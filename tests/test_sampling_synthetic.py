@@ -10,14 +10,13 @@ from __future__ import annotations
 import pytest
 import torch
 from scipy.stats import chisquare
+from tiny import DRAFTER_CORPUS, tiny_model, tiny_tokenizer
 
 from omnidraft.decode import DecodeConfig, SpeculativeDecoder
 from omnidraft.ngram import NgramTrie
 from omnidraft.runtime import build_bridge, make_drafter
 from omnidraft.target import LocalTarget
 from omnidraft.verify import probs_from_logits
-
-from tiny import DRAFTER_CORPUS, tiny_model, tiny_tokenizer
 
 SAMPLES = 2500
 TEMPERATURE = 0.8

@@ -7,8 +7,14 @@ import math
 import pytest
 import torch
 
-from omnidraft.train.loss import (LossConfig, coarse_reverse_kl, hybrid_loss, hybrid_loss_sum,
-                                  intersection_log_probs, ngram_nll)
+from omnidraft.train.loss import (
+    LossConfig,
+    coarse_reverse_kl,
+    hybrid_loss,
+    hybrid_loss_sum,
+    intersection_log_probs,
+    ngram_nll,
+)
 
 
 def _logits(probs: list[float]) -> torch.Tensor:

@@ -7,6 +7,7 @@ import copy
 
 import pytest
 import torch
+from conftest import DRAFTER, TEST_HOME
 
 from omnidraft.config import DecodeConfig
 from omnidraft.decode import SpeculativeDecoder
@@ -14,8 +15,6 @@ from omnidraft.runtime import CacheOptions, encode_prompt, load_pipeline
 from omnidraft.train import adapter_store
 from omnidraft.train.distill import Distiller, TrainConfig
 from omnidraft.train.records import Recorder, preimage_table, to_example
-
-from conftest import DRAFTER, TEST_HOME
 
 TARGET = "builtin:qwen2.5-coder-0.5b"
 PROMPTS = [("Write a Python function that returns the factorial of n.", True),

@@ -7,13 +7,20 @@ import itertools
 
 import pytest
 import torch
+from conftest import DRAFTER, TARGETS
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from omnidraft.runtime import build_bridge
-from omnidraft.train.records import KIND_DM, KIND_NGRAM, KIND_NONE, Recorder, align, preimage_table, to_example
-
-from conftest import DRAFTER, TARGETS
+from omnidraft.train.records import (
+    KIND_DM,
+    KIND_NGRAM,
+    KIND_NONE,
+    Recorder,
+    align,
+    preimage_table,
+    to_example,
+)
 
 
 def test_recorder_keeps_top_k_of_the_intersection_and_the_exact_log_probs():

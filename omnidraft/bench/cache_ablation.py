@@ -31,12 +31,24 @@ from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from pathlib import Path
 
+from omnidraft.bench.runner import (
+    ModeFn,
+    PromptRun,
+    interleave,
+    our_mode,
+    run_bench,
+    summarize,
+)
 from omnidraft.config import DecodeConfig
 from omnidraft.decode import SpeculativeDecoder
 from omnidraft.errors import OmnidraftError
-from omnidraft.ngram.store import PersistentNgramCache, bytes_on_disk, pair_id, store_files
+from omnidraft.ngram.store import (
+    PersistentNgramCache,
+    bytes_on_disk,
+    pair_id,
+    store_files,
+)
 from omnidraft.ngram.trie import NgramTrie
-from omnidraft.bench.runner import ModeFn, PromptRun, interleave, our_mode, run_bench, summarize
 
 TARGET = "target"
 NO_CACHE = "no cache"

@@ -8,7 +8,13 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from omnidraft.bench.cache_ablation import FULL, TARGET, AblationResult, GrowthPoint, curve_at
+from omnidraft.bench.cache_ablation import (
+    FULL,
+    TARGET,
+    AblationResult,
+    GrowthPoint,
+    curve_at,
+)
 from omnidraft.bench.report import _atomic_write, _fmt, plot
 
 GROWTH_MARKS = (0.25, 0.5, 0.75, 1.0)  # where the summary reads the growth rate off the curve

@@ -177,7 +177,7 @@ def run_online(pipe, plan: OnlinePlan, decode: DecodeConfig, train: TrainConfig,
     stream = record_prompts(pipe.decoder, plan.stream, decode, records, "record stream", progress)
     preimages, _ = preimage_table(bridge)
     examples = [to_example(r, bridge, preimages) for r in stream]
-    make_drafter = lambda: models.load(pipe.drafter_spec, dtype="float32", progress=False)[0]  # noqa: E731
+    make_drafter = lambda: models.load(pipe.drafter_spec, dtype="float32", progress=False)[0]
     states: dict[str, dict[int, dict]] = {}
     curves: dict[str, list[dict]] = {}
     for loss in plan.losses:

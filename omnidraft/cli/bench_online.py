@@ -51,8 +51,15 @@ def _slices(args: argparse.Namespace, stream_n: int):
 def run_online_ablation(args: argparse.Namespace, stream_n: int) -> int:
     import torch
 
-    from omnidraft.bench.online import (LOSSES, OnlinePlan, RecordCache, checkpoints_for, records_meta, run_online,
-                                        write_online)
+    from omnidraft.bench.online import (
+        LOSSES,
+        OnlinePlan,
+        RecordCache,
+        checkpoints_for,
+        records_meta,
+        run_online,
+        write_online,
+    )
     from omnidraft.cli.adapt import train_config
     from omnidraft.config import DecodeConfig
     from omnidraft.runtime import CacheOptions, encode_prompt, load_pipeline
@@ -71,7 +78,7 @@ def run_online_ablation(args: argparse.Namespace, stream_n: int) -> int:
     decode.validate()
     pipe = load_pipeline(args.target, args.drafter, drafter_dtype=args.drafter_dtype, adapter="none",
                          cache=CacheOptions(enabled=False))
-    encode = lambda recs: [encode_prompt(pipe.target_tokenizer, r.text, chat=r.chat) for r in recs]  # noqa: E731
+    encode = lambda recs: [encode_prompt(pipe.target_tokenizer, r.text, chat=r.chat) for r in recs]
     plan = OnlinePlan(stream=encode(stream), held_out={k: encode(v) for k, v in held.items()},
                       checkpoints=checkpoints_for(stream_n, args.checkpoints), interval=args.interval,
                       losses=losses, stream_sets=sets)

@@ -19,7 +19,12 @@ from typing import Any
 
 from omnidraft.errors import OmnidraftError
 from omnidraft.home import state_dir
-from omnidraft.ngram.store import PersistentNgramCache, check_pair_id, default_store_path, list_store_paths
+from omnidraft.ngram.store import (
+    PersistentNgramCache,
+    check_pair_id,
+    default_store_path,
+    list_store_paths,
+)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -7,7 +7,12 @@ import json
 import sys
 from pathlib import Path
 
-from omnidraft.config import DEFAULT_DRAFTER_DTYPE, TRANSLATIONS, VERIFIERS, DecodeConfig
+from omnidraft.config import (
+    DEFAULT_DRAFTER_DTYPE,
+    TRANSLATIONS,
+    VERIFIERS,
+    DecodeConfig,
+)
 from omnidraft.errors import OmnidraftError
 
 

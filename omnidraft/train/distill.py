@@ -21,8 +21,15 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from omnidraft.train import lora
-from omnidraft.train.loss import (LOSS_KINDS, NGRAM_WEIGHTS, LossConfig, coarse_reverse_kl, hybrid_loss_sum,
-                                  intersection_log_probs, ngram_nll)
+from omnidraft.train.loss import (
+    LOSS_KINDS,
+    NGRAM_WEIGHTS,
+    LossConfig,
+    coarse_reverse_kl,
+    hybrid_loss_sum,
+    intersection_log_probs,
+    ngram_nll,
+)
 from omnidraft.train.records import Example
 
 
@@ -148,7 +155,7 @@ class Distiller:
     def _loss(self, batch: list[Example]) -> tuple[torch.Tensor, dict]:
         """Summed loss of a micro-batch and its per-term sums (floats, for metrics)."""
         hidden_dm, hidden_ng = self._hidden_before_labels(batch)
-        cat = lambda name: torch.cat([getattr(e, name) for e in batch])  # noqa: E731
+        cat = lambda name: torch.cat([getattr(e, name) for e in batch])
         logits_dm = self._head(hidden_dm)
         logq_i = intersection_log_probs(logits_dm, self.dm_mask)
         kl = coarse_reverse_kl(logq_i, cat("dm_topk"), cat("dm_topk_logp"), cat("dm_log_mass"))
@@ -173,7 +180,7 @@ class Distiller:
             ids[row, : len(e.input_ids)] = e.input_ids
             mask[row, : len(e.input_ids)] = 1
         hidden = self._inner(input_ids=ids, attention_mask=mask).last_hidden_state
-        pick = lambda name: hidden[  # noqa: E731
+        pick = lambda name: hidden[
             torch.cat([torch.full((len(getattr(e, name)),), r) for r, e in enumerate(batch)]).long(),
             torch.cat([getattr(e, name) - 1 for e in batch])]
         return pick("dm_pos"), pick("ng_pos")

@@ -10,7 +10,12 @@ drafting costs exactly what it cost without an adapter, and switching adapters i
 from __future__ import annotations
 
 import torch
-from peft import LoraConfig, get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
+from peft import (
+    LoraConfig,
+    get_peft_model,
+    get_peft_model_state_dict,
+    set_peft_model_state_dict,
+)
 
 DEFAULT_RANK = 32
 DEFAULT_ALPHA = 32  # scaling α/r = 1

@@ -18,7 +18,14 @@ from omnidraft.train import adapter_store
 from omnidraft.train.background import BackgroundTrainer, Published, TrainerSetup
 from omnidraft.train.distill import TrainConfig
 from omnidraft.train.lora import MergedLora
-from omnidraft.train.records import DEFAULT_TOP_K, Record, Recorder, preimage_table, to_example
+from omnidraft.train.records import (
+    DEFAULT_TOP_K,
+    Record,
+    Recorder,
+    preimage_table,
+    to_example,
+)
+
 
 def warn(text: str) -> None:
     print(f"omnidraft: {text}", file=sys.stderr, flush=True)

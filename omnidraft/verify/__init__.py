@@ -4,6 +4,11 @@ All work on the same arrays: target logits at m+1 positions, the m proposed targ
 sampling verifiers the draft distribution q' in target space at each position.
 """
 
-from omnidraft.verify.core import VERIFIERS, greedy_verify, probs_from_logits, sample_verify
+from omnidraft.verify.core import (
+    VERIFIERS,
+    greedy_verify,
+    probs_from_logits,
+    sample_verify,
+)
 
 __all__ = ["VERIFIERS", "greedy_verify", "probs_from_logits", "sample_verify"]
