@@ -50,11 +50,13 @@ def test_markdown_reports_relative_change_against_the_untrained_drafter():
         {"prompts_streamed": 8, "set": "humaneval", "modes": {"target": row(0, 1.0), "dm": row(0.6, 1.5), "hybrid": row(0.75, 1.8)}}],
         "train_curves": {}, "stream_sets": []}
     meta = {"drafter": "d", "target": "t", "stream": "humaneval", "stream_n": 8, "interval": 4, "held_out": {"humaneval": 2},
-            "max_new_tokens": 16, "losses": ["dm", "hybrid"],
+            "max_new_tokens": 16, "losses": ["dm", "hybrid"], "draft_len": 4, "draft_confidence": 0.0,
             "train": {"rank": 32, "lr": 1e-4, "batch_size": 8, "lam": 0.2, "ngram_weight": "const"}}
     md = markdown(result, meta)
     assert "| L_DM + λ·L_N-gram (LoRA) | 0.750 | +50% | 2.00 | 1.80× | +50% | yes |" in md
     assert "| L_DM (LoRA) | 0.600 | +20% |" in md
+    assert "fixed k = 4" in md  # acceptance depends on the draft policy, so the report must name it
+    assert "k ≤ 8, confidence stop 0.6" in markdown(result, {**meta, "draft_len": 8, "draft_confidence": 0.6})
 
 
 def _cli(home: Path, *args: str, timeout: int = 1500) -> subprocess.CompletedProcess:

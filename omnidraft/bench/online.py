@@ -203,12 +203,20 @@ def _rows_at(result: dict, t: int, set_name: str) -> dict:
     return {}
 
 
+def _draft_policy(meta: dict) -> str:
+    """How long drafts were: the policy changes what acceptance means, so every report names it."""
+    k, stop = meta.get("draft_len"), meta.get("draft_confidence")
+    if k is None:
+        return "draft policy not recorded"
+    return f"k ≤ {k}, confidence stop {stop}" if stop else f"fixed k = {k}"
+
+
 def markdown(result: dict, meta: dict) -> str:
     """Table 1's shape (before/after per loss) per held-out set, then every checkpoint."""
     lines = ["# omnidraft online distillation\n",
              f"drafter `{meta['drafter']}` → target `{meta['target']}`, stream {meta['stream']} × {meta['stream_n']} "
              f"(interval {meta['interval']}), held-out {', '.join(f'{k} × {v}' for k, v in meta['held_out'].items())}, "
-             f"{meta['max_new_tokens']} new tokens, greedy; LoRA rank {meta['train']['rank']}, lr {meta['train']['lr']}, "
+             f"{meta['max_new_tokens']} new tokens, greedy, {_draft_policy(meta)}; LoRA rank {meta['train']['rank']}, lr {meta['train']['lr']}, "
              f"batch {meta['train']['batch_size']}, λ {meta['train']['lam']} ({meta['train']['ngram_weight']})\n"]
     last = max(p["prompts_streamed"] for p in result["checkpoints"])
     for set_name in meta["held_out"]:
