@@ -193,8 +193,7 @@ def _ablation_prompts(args: argparse.Namespace, stream_n: int):
 
 def run_cache_ablation(args: argparse.Namespace) -> int:
     """``--ablation cache``: stream, capped streams, held-out evaluation (bench/cache_ablation.py)."""
-    from omnidraft.bench.cache_ablation import run_cache_ablation as ablate
-    from omnidraft.bench.cache_ablation import speculative_config
+    from omnidraft.bench.cache_ablation import run_cache_ablation as ablate, speculative_config  # noqa: I001
     from omnidraft.bench.cache_report import ablation_table, write_ablation
     from omnidraft.runtime import encode_prompt
 
