@@ -57,6 +57,9 @@ def test_markdown_reports_relative_change_against_the_untrained_drafter():
     assert "| L_DM (LoRA) | 0.600 | +20% |" in md
     assert "fixed k = 4" in md  # acceptance depends on the draft policy, so the report must name it
     assert "k ≤ 8, confidence stop 0.6" in markdown(result, {**meta, "draft_len": 8, "draft_confidence": 0.6})
+    assert "passes per update" not in md and "sharpened" not in md  # Algorithm 2's defaults go unnamed
+    tuned = markdown(result, {**meta, "train": {**meta["train"], "epochs": 3, "target_temperature": 0.5}})
+    assert "3 passes per update, p sharpened to T = 0.5" in tuned
 
 
 def _cli(home: Path, *args: str, timeout: int = 1500) -> subprocess.CompletedProcess:

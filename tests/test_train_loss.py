@@ -47,6 +47,18 @@ def test_coarse_kl_lumps_the_rest_and_never_exceeds_the_exact_kl():
     assert kl.item() < exact
 
 
+def test_target_temperature_sharpens_p_before_the_kl():
+    # Full top-k (no rest): p_I = (0.125, 0.875) at T = 0.5 becomes (0.125², 0.875²) / Z.
+    logq = intersection_log_probs(_logits([0.25, 0.75, 0.0]), torch.tensor([True, True, False]))
+    pre = torch.tensor([[[1], [0]]])
+    args = (logq, pre, torch.tensor([[math.log(0.7), math.log(0.1)]]), torch.tensor([math.log(0.8)]))
+    z = 0.125 ** 2 + 0.875 ** 2
+    p0, p1 = 0.125 ** 2 / z, 0.875 ** 2 / z
+    expected = 0.25 * math.log(0.25 / p0) + 0.75 * math.log(0.75 / p1)
+    assert coarse_reverse_kl(*args, temperature=0.5).item() == pytest.approx(expected, abs=1e-5)
+    assert coarse_reverse_kl(*args, temperature=1.0).item() < coarse_reverse_kl(*args, temperature=0.5).item()
+
+
 def test_several_drafter_tokens_for_one_target_token_add_up():
     # Drafter tokens 0 and 1 both spell target token T0; drafter 2 spells T1. q'(T0) = 0.2 + 0.3.
     logq = intersection_log_probs(_logits([0.2, 0.3, 0.5]), torch.tensor([True, True, True]))

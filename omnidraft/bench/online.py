@@ -211,13 +211,21 @@ def _draft_policy(meta: dict) -> str:
     return f"k ≤ {k}, confidence stop {stop}" if stop else f"fixed k = {k}"
 
 
+def _train_extras(train: dict) -> str:
+    """Options that differ from Algorithm 2's one pass towards p itself, named only when set."""
+    extras = [f"{train['epochs']} passes per update"] if train.get("epochs", 1) != 1 else []
+    if train.get("target_temperature", 1.0) != 1.0:
+        extras.append(f"p sharpened to T = {train['target_temperature']:g}")
+    return "".join(f", {e}" for e in extras)
+
+
 def markdown(result: dict, meta: dict) -> str:
     """Table 1's shape (before/after per loss) per held-out set, then every checkpoint."""
     lines = ["# omnidraft online distillation\n",
              f"drafter `{meta['drafter']}` → target `{meta['target']}`, stream {meta['stream']} × {meta['stream_n']} "
              f"(interval {meta['interval']}), held-out {', '.join(f'{k} × {v}' for k, v in meta['held_out'].items())}, "
              f"{meta['max_new_tokens']} new tokens, greedy, {_draft_policy(meta)}; LoRA rank {meta['train']['rank']}, lr {meta['train']['lr']}, "
-             f"batch {meta['train']['batch_size']}, λ {meta['train']['lam']} ({meta['train']['ngram_weight']})\n"]
+             f"batch {meta['train']['batch_size']}, λ {meta['train']['lam']} ({meta['train']['ngram_weight']}){_train_extras(meta['train'])}\n"]
     last = max(p["prompts_streamed"] for p in result["checkpoints"])
     for set_name in meta["held_out"]:
         base = _rows_at(result, 0, set_name).get("none", {})

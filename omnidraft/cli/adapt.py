@@ -38,6 +38,10 @@ def add_train_args(parser: argparse.ArgumentParser, interval: int = DEFAULT_INTE
     g.add_argument("--lambda", dest="lam", type=float, default=d.lam, help=f"λ for --ngram-weight const (default {d.lam})")
     g.add_argument("--lr", type=float, default=d.lr, help=f"AdamW learning rate, constant (default {d.lr})")
     g.add_argument("--batch-size", type=int, default=d.batch_size, help=f"prompts per optimizer step (default {d.batch_size})")
+    g.add_argument("--epochs", type=int, default=d.epochs,
+                   help=f"passes over the buffer per update (default {d.epochs}, Algorithm 2)")
+    g.add_argument("--target-temperature", type=float, default=d.target_temperature,
+                   help=f"distil towards the target's distribution sharpened to this temperature (default {d.target_temperature:g})")
     g.add_argument("--rank", type=int, default=d.rank, help=f"LoRA rank (default {d.rank})")
     g.add_argument("--alpha", type=float, default=d.alpha, help=f"LoRA alpha; scaling = alpha/rank (default {d.alpha:g})")
     g.add_argument("--top-k", type=int, default=DEFAULT_TOP_K, help=f"target log-probs kept per position (default {DEFAULT_TOP_K})")
@@ -49,7 +53,8 @@ def train_config(args: argparse.Namespace):
     if args.interval < 1 or args.top_k < 1:
         raise OmnidraftError("--interval and --top-k must be at least 1")
     config = TrainConfig(loss=getattr(args, "loss", "hybrid"), ngram_weight=args.ngram_weight, lam=args.lam, lr=args.lr,
-                         batch_size=args.batch_size, rank=args.rank, alpha=args.alpha)
+                         batch_size=args.batch_size, rank=args.rank, alpha=args.alpha, epochs=args.epochs,
+                         target_temperature=args.target_temperature)
     try:
         config.validate()
     except ValueError as exc:

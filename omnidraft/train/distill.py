@@ -43,6 +43,8 @@ class TrainConfig:
     lr: float = 1e-4
     weight_decay: float = 0.01
     batch_size: int = 8
+    target_temperature: float = 1.0  # distil towards p^(1/T): the target at its decoding temperature
+    epochs: int = 1  # passes over the buffer Q per update (Alg. 2 line 8 makes one)
     rank: int = lora.DEFAULT_RANK
     alpha: float = lora.DEFAULT_ALPHA
     micro_tokens: int = 2048  # tokens per forward/backward between two yield points
@@ -54,8 +56,9 @@ class TrainConfig:
             raise ValueError(f"unknown loss {self.loss!r}; choose one of {', '.join(LOSS_KINDS)}")
         if self.ngram_weight not in NGRAM_WEIGHTS:
             raise ValueError(f"unknown n-gram weight {self.ngram_weight!r}; choose one of {', '.join(NGRAM_WEIGHTS)}")
-        if self.lr <= 0 or self.batch_size < 1 or self.rank < 1 or self.alpha <= 0 or self.lam < 0:
-            raise ValueError("lr, alpha must be > 0, batch size and rank >= 1, lambda >= 0")
+        if self.lr <= 0 or self.batch_size < 1 or self.rank < 1 or self.alpha <= 0 or self.lam < 0 or self.epochs < 1 \
+                or self.target_temperature <= 0:
+            raise ValueError("lr, alpha, target temperature must be > 0, batch size, epochs and rank >= 1, lambda >= 0")
 
     @property
     def loss_config(self) -> LossConfig:
@@ -105,9 +108,12 @@ class Distiller:
         return lora.lora_state(self.model)
 
     def update(self, examples: Sequence[Example], pause: Callable[[], None] = lambda: None) -> UpdateMetrics:
-        """One pass over ``examples`` (the buffer Q), one AdamW step per batch of ``batch_size``."""
-        order = list(examples)
-        self._rng.shuffle(order)
+        """``epochs`` passes over ``examples`` (the buffer Q), one AdamW step per batch of ``batch_size``."""
+        order: list[Example] = []
+        for _ in range(self.config.epochs):  # each pass in its own shuffled order
+            one_pass = list(examples)
+            self._rng.shuffle(one_pass)
+            order += one_pass
         return self._run(order, pause, train=True)
 
     @torch.no_grad()
@@ -158,7 +164,8 @@ class Distiller:
         cat = lambda name: torch.cat([getattr(e, name) for e in batch])
         logits_dm = self._head(hidden_dm)
         logq_i = intersection_log_probs(logits_dm, self.dm_mask)
-        kl = coarse_reverse_kl(logq_i, cat("dm_topk"), cat("dm_topk_logp"), cat("dm_log_mass"))
+        kl = coarse_reverse_kl(logq_i, cat("dm_topk"), cat("dm_topk_logp"), cat("dm_log_mass"),
+                                self.config.target_temperature)
         ng_tokens = torch.cat([e.input_ids[e.ng_pos] for e in batch])
         nll = ngram_nll(self._head(hidden_ng), ng_tokens) if len(ng_tokens) else kl.new_zeros(0)
         total, _ = hybrid_loss_sum(kl, nll, cat("ng_logp_target"), self.config.loss_config)

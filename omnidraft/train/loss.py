@@ -36,7 +36,7 @@ def intersection_log_probs(drafter_logits: torch.Tensor, dm_mask: torch.Tensor) 
 
 
 def coarse_reverse_kl(logq_i: torch.Tensor, topk_pre: torch.Tensor, topk_logp: torch.Tensor,
-                      log_mass: torch.Tensor) -> torch.Tensor:
+                      log_mass: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
     """KL(q' ‖ p) per position over {top-k of p} ∪ {rest}, both restricted to the intersection.
 
     logq_i:    [N, V_d] drafter log-probs over the intersection (``intersection_log_probs``).
@@ -44,6 +44,9 @@ def coarse_reverse_kl(logq_i: torch.Tensor, topk_pre: torch.Tensor, topk_logp: t
                M > 1 only when several drafter tokens spell the same bytes).
     topk_logp: [N, k] the target's log-probs of those tokens over its full vocabulary.
     log_mass:  [N] log of the target's total probability on the intersection.
+    temperature: p is sharpened to p^(1/T) (renormalised) first, the target's distribution at the
+               decoding temperature (the paper trains and decodes at T = 0.01, §4); the rest
+               bucket is sharpened as if it were one token, which over-states its mass.
     """
     n, k, m = topk_pre.shape
     # Every top-k target token has at least one preimage (column 0); pads repeat it, so gathers
@@ -57,6 +60,9 @@ def coarse_reverse_kl(logq_i: torch.Tensor, topk_pre: torch.Tensor, topk_logp: t
     logp_k = (topk_logp - log_mass[:, None]).clamp_min(LOG_FLOOR)  # p renormalised over the intersection
     p_rest = (1.0 - logp_k.exp().sum(-1)).clamp_min(0.0)
     logp_rest = torch.log(p_rest.clamp_min(1e-30))
+    if temperature != 1.0:
+        sharp = (torch.cat([logp_k, logp_rest[:, None]], 1) / temperature).log_softmax(-1).clamp_min(LOG_FLOOR)
+        logp_k, logp_rest = sharp[:, :-1], sharp[:, -1]
     kl_top = (logq_k.exp() * (logq_k - logp_k)).sum(-1)
     kl_rest = logq_rest.exp() * (logq_rest - logp_rest)
     return kl_top + kl_rest
