@@ -438,6 +438,7 @@ class ChatSession:
     def run(self) -> int:
         """Read-eval-print until /quit or Ctrl-D; state is saved however the loop ends."""
         self._start_history()
+        previous = _own_ctrl_c()
         try:
             self.banner()
             while not self.finished:
@@ -452,6 +453,8 @@ class ChatSession:
                 self.handle_line(line)
         finally:
             self.save_state()
+            if previous is not None:
+                signal.signal(signal.SIGINT, previous)
         return 0
 
     def banner(self) -> None:
@@ -709,3 +712,13 @@ class ChatSession:
             self._readline.write_history_file(self._history_path())
         except OSError as exc:
             self.notice(f"warning: could not write the history {self._history_path()}: {exc.strerror or exc}")
+
+
+def _own_ctrl_c():
+    """Make Ctrl-C raise KeyboardInterrupt for the session, even when the parent started us with
+    SIGINT ignored (a shell's background job does that, and Python then keeps it ignored): the chat
+    promises that Ctrl-C drops a line or stops a reply. Returns the handler to restore, or None
+    off the main thread (where handlers cannot be set)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGINT, signal.default_int_handler)
