@@ -1,8 +1,8 @@
 """One update of cross-vocabulary distillation (OmniDraft Algorithm 2, line 8) on a LoRA drafter.
 
 :class:`Distiller` owns the trainable copy of the drafter (fp32 + peft LoRA) and its AdamW state.
-``update(examples)`` makes one pass over the buffer Q in batches of ``batch_size`` examples, one
-optimizer step per batch; each batch runs as micro-batches of at most ``micro_tokens`` tokens with
+``update(examples)`` makes ``epochs`` passes (1 in Algorithm 2) over the buffer Q in batches of
+``batch_size`` examples, one optimizer step per batch; each batch runs as micro-batches of at most ``micro_tokens`` tokens with
 gradient accumulation, and calls ``pause()`` before every micro-batch: that is where a background
 trainer yields the CPU to decoding.
 
