@@ -8,6 +8,7 @@ from omnidraft.errors import OmnidraftError
 
 VERIFIERS = ("greedy", "omnidraft", "tli")
 TRANSLATIONS = ("auto", "text", "tokens")
+DRAFT_STOPS = ("auto", "head", "confidence", "fixed")
 DEFAULT_DRAFTER_DTYPE = "bfloat16"  # fastest drafter on CPU that `omnidraft bench` found (README, performance)
 
 
@@ -24,6 +25,11 @@ class DecodeConfig:
     # A cheap stand-in for the learned acceptance head: a doubtful token is rarely accepted, and
     # every token drafted after it is wasted drafter time.
     draft_confidence: float = 0.6
+    # When to stop drafting: "head" = the adapter's learned acceptance head with threshold
+    # stop_gamma (OmniDraft §3.3, eq. (7)); "confidence" = the fixed threshold above; "fixed" =
+    # always draft_len tokens; "auto" = the head when the adapter in use has one, else confidence.
+    draft_stop: str = "auto"
+    stop_gamma: float = 0.5
     # How drafted tokens become target tokens: "tokens" is the paper's direct mapping + n-gram
     # cache (eq. (1), needed by the sampling verifiers); "text" re-tokenizes the drafted text
     # with the target tokenizer (SLEM-style, greedy only); "auto" picks text for greedy.
@@ -46,6 +52,10 @@ class DecodeConfig:
             raise OmnidraftError("--draft-len must be at least 1")
         if not 0 <= self.draft_confidence < 1:
             raise OmnidraftError("--draft-confidence must be in [0, 1)")
+        if self.draft_stop not in DRAFT_STOPS:
+            raise OmnidraftError(f"unknown draft stop {self.draft_stop!r}; choose one of {', '.join(DRAFT_STOPS)}")
+        if not 0 < self.stop_gamma < 1:
+            raise OmnidraftError("--stop-gamma must be in (0, 1)")
         if self.temperature < 0 or not 0 < self.top_p <= 1:
             raise OmnidraftError("--temperature must be >= 0 and --top-p in (0, 1]")
         if self.verify == "greedy" and self.temperature > 0:

@@ -193,9 +193,10 @@ class SpeculativeDecoder:
         text = config.text_translation
         ngrams = self.ngrams if config.use_ngram and config.verify != "tli" and not text else None
         t0 = time.perf_counter()
+        confidence, gamma = self._stop_rule(config)
         draft = self.drafter.draft(ctx.ids, min(config.draft_len, remaining - 1), ngrams,
                                    config.temperature, config.top_p, generator, keep_q=sampling,
-                                   confidence=config.draft_confidence, free=text)
+                                   confidence=confidence, free=text, gamma=gamma)
         t1 = time.perf_counter()
         tr = self.bridge.forward_text(ids, draft.tokens) if text else self.bridge.forward(draft.tokens, ngrams)
         proposed = tr.target_ids[: remaining - 1]
@@ -218,6 +219,16 @@ class SpeculativeDecoder:
         stats.verify_s += t3 - t2
         stats.bridge_s += (t2 - t1) + (t4 - t3)
         return emitted, done, logits
+
+    def _stop_rule(self, config: DecodeConfig) -> tuple[float, float]:
+        """(confidence threshold, γ) for this step's draft under ``config.draft_stop``."""
+        has_head = self.drafter.head is not None
+        if config.draft_stop == "head" and not has_head:
+            raise OmnidraftError("--draft-stop head needs an adapter with an acceptance head (train one with "
+                                 "`omnidraft adapt`), or use --draft-stop auto")
+        if config.draft_stop == "head" or (config.draft_stop == "auto" and has_head):
+            return 0.0, config.stop_gamma
+        return (0.0 if config.draft_stop == "fixed" else config.draft_confidence), 0.0
 
     def _reverse(self, ctx: DrafterContext, draft: Draft, tr: Translation, emitted: list[int], accepted: int,
                  text: bool, ngrams: NgramTrie | None) -> None:

@@ -60,6 +60,10 @@ def test_markdown_reports_relative_change_against_the_untrained_drafter():
     assert "passes per update" not in md and "sharpened" not in md  # Algorithm 2's defaults go unnamed
     tuned = markdown(result, {**meta, "train": {**meta["train"], "epochs": 3, "target_temperature": 0.5}})
     assert "3 passes per update, p sharpened to T = 0.5" in tuned
+    result["checkpoints"][1]["modes"]["hybrid+head"] = row(0.9, 1.9)
+    headed = markdown(result, {**meta, "modes": ["dm", "hybrid", "hybrid+head"], "stop_gamma": 0.7})
+    assert "| L_DM + λ·L_N-gram (LoRA) + acceptance head | 0.900 | +80% | 2.00 | 1.90× | +58% | yes |" in headed
+    assert "head stop γ = 0.7" in headed  # the head's threshold is named too
 
 
 def _cli(home: Path, *args: str, timeout: int = 1500) -> subprocess.CompletedProcess:
@@ -84,8 +88,10 @@ def test_adapt_trains_the_pairs_adapter_and_generate_uses_it(home):
     assert summary["prompts"] == 3 and summary["updates"] == 2  # one full interval + the partial buffer at the end
     assert summary["trainer_errors"] == [] and "smollm2-135m--qwen2.5-coder-0.5b" in summary["adapter"]
 
+    assert list((home / "adapters").rglob("accept_head.safetensors"))  # the head is saved with the adapter
     gen = _cli(home, "generate", "--prompt", "def add(a, b):", "--max-new-tokens", "8")
     assert gen.returncode == 0 and "adapter " in gen.stderr and "update 2" in gen.stderr, gen.stderr
+    assert "acceptance head" in gen.stderr  # and drafting stops by it (--draft-stop auto)
     plain = _cli(home, "generate", "--prompt", "def add(a, b):", "--max-new-tokens", "8", "--adapter", "none")
     assert plain.returncode == 0 and "adapter " not in plain.stderr
     assert gen.stdout == plain.stdout  # greedy output is the target's with or without an adapter
@@ -105,10 +111,13 @@ def test_online_bench_short_real_run(home, tmp_path):
     result = json.loads((out / "results.json").read_text())
     points = {(p["prompts_streamed"], p["set"]): p["modes"] for p in result["checkpoints"]}
     assert set(points) == {(0, "humaneval"), (4, "humaneval")}
-    assert set(points[(0, "humaneval")]) == {"target", "none"} and set(points[(4, "humaneval")]) == {"target", "dm", "hybrid"}
+    assert set(points[(0, "humaneval")]) == {"target", "none"}
+    assert set(points[(4, "humaneval")]) == {"target", "dm", "dm+head", "hybrid", "hybrid+head"}  # the head trains by default
     assert all(m["identical_to_target"] for modes in points.values() for m in modes.values())
     assert {len(result["train_curves"][loss]) for loss in ("dm", "hybrid")} == {2}  # an update every 2 prompts
     assert (out / "online.png").stat().st_size > 10_000 and (out / "records.pt").is_file()
-    assert "L_DM + λ·L_N-gram (LoRA)" in (out / "results.md").read_text()
+    md = (out / "results.md").read_text()
+    assert "L_DM + λ·L_N-gram (LoRA)" in md and "L_DM + λ·L_N-gram (LoRA) + acceptance head" in md
+    assert all(p["head_positions"] > 0 and 0 <= p["head_auc"] <= 1 for p in result["train_curves"]["hybrid"])
     adapters_after = sorted(str(p) for p in (home / "adapters").rglob("*")) if (home / "adapters").exists() else []
     assert adapters_after == adapters_before  # the benchmark trains in memory: the user's adapters stay as they were

@@ -79,6 +79,38 @@ def test_short_run_loss_falls_and_the_adapter_reloads_into_the_drafter(pipe, exa
 
 
 @pytest.mark.real
+def test_acceptance_head_learns_reloads_and_only_shortens_drafts(pipe, examples, tmp_path):
+    distiller = Distiller(copy.deepcopy(pipe.drafter_model), pipe.decoder.bridge.dm_mask,
+                          TrainConfig(distill=False, head_epochs=30, head_lr=3e-3))  # Table 2's "Adapt Only"
+    before = distiller.evaluate(examples)
+    assert distiller.update(examples).steps == 0  # the drafter stays frozen: only the head moves
+    after = distiller.evaluate(examples)
+    assert before.head_positions == after.head_positions > 100
+    assert 0.3 < before.accept_label_mean < 0.97  # both outcomes occur: the labels carry information
+    assert after.head_bce < before.head_bce * 0.95, (before.head_bce, after.head_bce)
+    assert after.head_auc > 0.75
+
+    slot = pipe.adapter_slot
+    adapter_store.save(tmp_path / "pair", distiller.model, {"identity": vars(slot.identity)}, distiller.head_state())
+    loaded = adapter_store.load(tmp_path / "pair", slot.identity)
+    assert loaded.head_state is not None
+    prompt = encode_prompt(pipe.target_tokenizer, PROMPTS[2][0], chat=True)
+    expected = SpeculativeDecoder(pipe.decoder.target).generate(prompt, DecodeConfig(max_new_tokens=32)).token_ids
+    slot.use(loaded)
+    try:
+        assert pipe.decoder.drafter.head is not None
+        per_step = {}
+        for stop in ("fixed", "head"):
+            out = pipe.decoder.generate(prompt, DecodeConfig(max_new_tokens=32, draft_len=8, draft_stop=stop, stop_gamma=0.3))
+            assert out.token_ids == expected  # lossless whatever the head decides
+            per_step[stop] = pipe.decoder.stats.drafted_tokens / pipe.decoder.stats.steps
+    finally:
+        slot.use(None)
+    assert pipe.decoder.drafter.head is None  # switching the adapter off switches the head off
+    assert per_step["head"] < per_step["fixed"] * 0.8, per_step
+
+
+@pytest.mark.real
 def test_adapter_for_another_pair_is_refused(pipe, examples, tmp_path):
     distiller = Distiller(copy.deepcopy(pipe.drafter_model), pipe.decoder.bridge.dm_mask, TrainConfig())
     other = adapter_store.Identity("0" * 16, pipe.adapter_slot.identity.target_vocab, pipe.adapter_slot.identity.drafter_arch)

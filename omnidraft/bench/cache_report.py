@@ -15,7 +15,7 @@ from omnidraft.bench.cache_ablation import (
     GrowthPoint,
     curve_at,
 )
-from omnidraft.bench.report import _atomic_write, _fmt, plot
+from omnidraft.bench.report import _atomic_write, _fmt, draft_policy, plot
 
 GROWTH_MARKS = (0.25, 0.5, 0.75, 1.0)  # where the summary reads the growth rate off the curve
 
@@ -74,8 +74,8 @@ def meta_line(meta: dict) -> str:
     verify = meta["verify"] + (f" at T={meta['temperature']}" if meta["verify"] != "greedy" else "")
     return (f"drafter `{meta['drafter']}` → target `{meta['target']}`, prompts `{meta['prompts']}`: stream "
             f"{meta['stream_n']} (offset {meta['stream_offset']}), held-out {meta['n']} (offset {meta['heldout_offset']}), "
-            f"{meta['max_new_tokens']} new tokens, token translation, {verify} verification, draft length ≤ "
-            f"{meta['draft_len']} (confidence stop {meta['draft_confidence']}), drafter dtype {meta['drafter_dtype']}, "
+            f"{meta['max_new_tokens']} new tokens, token translation, {verify} verification, "
+            f"{draft_policy(meta)}, drafter dtype {meta['drafter_dtype']}, "
             f"{meta['threads']} threads")
 
 

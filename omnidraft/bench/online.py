@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from omnidraft.bench.report import draft_policy
 from omnidraft.bench.runner import PromptRun, our_mode, summarize
 from omnidraft.config import DecodeConfig
 from omnidraft.decode import SpeculativeDecoder
@@ -35,8 +36,20 @@ from omnidraft.train.adapter_store import LoadedAdapter
 from omnidraft.train.distill import Distiller, TrainConfig, learning_curve_point
 from omnidraft.train.records import Record, Recorder, preimage_table, to_example
 
-LOSSES = ("dm", "hybrid")
-LOSS_LABEL = {"none": "no training (SpD)", "dm": "L_DM (LoRA)", "hybrid": "L_DM + λ·L_N-gram (LoRA)"}
+LOSSES = ("dm", "hybrid", "frozen")  # frozen: no distillation, only the acceptance head learns
+LOSS_LABEL = {"none": "no training (SpD)", "dm": "L_DM (LoRA)", "hybrid": "L_DM + λ·L_N-gram (LoRA)",
+              "dm+head": "L_DM (LoRA) + acceptance head", "hybrid+head": "L_DM + λ·L_N-gram (LoRA) + acceptance head",
+              "frozen+head": "acceptance head only (drafter frozen)",
+              "none+confidence": "no training, confidence stop (what the head replaces)"}
+
+
+def modes_of(losses: Sequence[str], head: bool) -> list[str]:
+    """Evaluated modes per trained loss: the adapter under the run's draft policy, and with the
+    head stopping drafts (eq. (7)) when a head was trained. A frozen drafter only has the latter."""
+    modes: list[str] = []
+    for loss in losses:
+        modes += ([loss] if loss != "frozen" else []) + ([f"{loss}+head"] if head or loss == "frozen" else [])
+    return modes
 
 
 @dataclass
@@ -117,10 +130,10 @@ def train_along_stream(make_drafter: Callable[[], torch.nn.Module], dm_mask: tor
     from tqdm.auto import tqdm
 
     distiller = Distiller(make_drafter(), dm_mask, config)
-    states: dict[int, dict] = {}
+    states: dict[int, tuple[dict, dict | None]] = {}
     curve: list[dict] = []
     if 0 in checkpoints:
-        states[0] = distiller.state()
+        states[0] = distiller.state(), distiller.head_state()
     buffer: list = []
     bar = tqdm(total=max(checkpoints), desc=desc, unit="prompt", disable=not progress)
     for i, example in enumerate(examples[: max(checkpoints)], 1):
@@ -133,42 +146,70 @@ def train_along_stream(make_drafter: Callable[[], torch.nn.Module], dm_mask: tor
                 bar.set_postfix_str(f"loss {point['loss']:.3f} top-1 {point['top1_agreement']:.2f}")
             buffer = []
         if i in checkpoints:
-            states[i] = distiller.state()
+            states[i] = distiller.state(), distiller.head_state()
         bar.update(1)
     bar.close()
     return states, curve
 
 
 # ---- evaluation --------------------------------------------------------------------------------
-def evaluate(pipe, prompts: Sequence[list[int]], adapters: dict[str, LoadedAdapter | None],
+def evaluate(pipe, prompts: Sequence[list[int]], adapters: dict[str, tuple[LoadedAdapter | None, DecodeConfig]],
              config: DecodeConfig, progress: bool = True, desc: str = "evaluate") -> dict[str, list[PromptRun]]:
     """Every mode on every prompt, interleaved per prompt: the target alone, then the drafter with
-    each adapter (None: the untrained drafter). Merging an adapter happens outside the timing."""
+    each mode's adapter (None: the untrained drafter) and decoding options. Merging an adapter
+    happens outside the timing."""
     from tqdm.auto import tqdm
 
     slot = pipe.adapter_slot
     alone = our_mode(SpeculativeDecoder(pipe.decoder.target), replace(config, verify="greedy"))
-    spec = our_mode(pipe.decoder, config)
+    specs = {mode: our_mode(pipe.decoder, mode_config) for mode, (_, mode_config) in adapters.items()}
     runs: dict[str, list[PromptRun]] = {"target": [], **{m: [] for m in adapters}}
     bar = tqdm(total=len(prompts) * (1 + len(adapters)), desc=desc, unit="run", disable=not progress)
     for ids in prompts:
         runs["target"].append(alone(ids))
         bar.update(1)
-        for mode, adapter in adapters.items():
+        for mode, (adapter, _) in adapters.items():
             slot.use(adapter)
-            runs[mode].append(spec(ids))
+            runs[mode].append(specs[mode](ids))
             bar.update(1)
     slot.use(None)
     bar.close()
     return runs
 
 
-def in_memory_adapter(state: dict, config: TrainConfig, name: str) -> LoadedAdapter:
-    return LoadedAdapter(Path(f"<{name}>"), state, {}, config.scaling)
+def in_memory_adapter(state: tuple[dict, dict | None], config: TrainConfig, name: str) -> LoadedAdapter:
+    lora_state, head_state = state
+    return LoadedAdapter(Path(f"<{name}>"), lora_state, {}, config.scaling, head_state)
+
+
+def checkpoint_modes(states: dict[str, dict], t: int, train: TrainConfig, decode: DecodeConfig,
+                     modes: Sequence[str], head_k: int) -> dict[str, tuple[LoadedAdapter | None, DecodeConfig]]:
+    """What to evaluate after ``t`` stream prompts: each mode's adapter and decoding options.
+    Plain modes draft under the run's policy without the head; "+head" modes stop by the head, with
+    up to ``head_k`` tokens. Before training, when heads are evaluated, the untrained drafter also
+    runs with the confidence stop at ``head_k``: the rule the head replaces, at the same k."""
+    plain = replace(decode, draft_stop=_headless(decode.draft_stop))
+    if not t:
+        out = {"none": (None, plain)}
+        if any(m.endswith("+head") for m in modes) and plain.draft_stop != "confidence":
+            out["none+confidence"] = (None, replace(decode, draft_stop="confidence", draft_len=head_k))
+        return out
+    out = {}
+    for mode in modes:
+        loss, _, head = mode.partition("+")
+        lora_state, head_state = states[loss][t]
+        adapter = in_memory_adapter((lora_state, head_state if head else None), train, f"{mode}@{t}")
+        out[mode] = (adapter, replace(decode, draft_stop="head", draft_len=head_k) if head else plain)
+    return out
+
+
+def _headless(stop: str) -> str:
+    """The run's own draft policy with the head out of it (auto means confidence without a head)."""
+    return "confidence" if stop in ("auto", "head") else stop
 
 
 def run_online(pipe, plan: OnlinePlan, decode: DecodeConfig, train: TrainConfig, records: RecordCache,
-               progress: bool = True) -> dict:
+               progress: bool = True, head_k: int | None = None) -> dict:
     """The whole benchmark; returns the JSON-able result (see ``write_online``)."""
     from omnidraft import models
 
@@ -181,14 +222,16 @@ def run_online(pipe, plan: OnlinePlan, decode: DecodeConfig, train: TrainConfig,
     states: dict[str, dict[int, dict]] = {}
     curves: dict[str, list[dict]] = {}
     for loss in plan.losses:
-        config = replace(train, loss=loss)
+        config = replace(train, distill=False, head=True) if loss == "frozen" else replace(train, loss=loss)
         states[loss], curves[loss] = train_along_stream(make_drafter, bridge.dm_mask, examples, config, plan.interval,
                                                         plan.checkpoints, progress, desc=f"train {loss}")
     warm = plan.stream[0][:16]
-    evaluate(pipe, [warm], {"none": None}, replace(decode, max_new_tokens=8), progress=False)  # first calls are slow
+    short = replace(decode, max_new_tokens=8)
+    evaluate(pipe, [warm], {"none": (None, short)}, short, progress=False)  # first calls are slow
     points = []
+    modes = modes_of(plan.losses, train.head)
     for t in plan.checkpoints:
-        adapters = {loss: in_memory_adapter(states[loss][t], train, f"{loss}@{t}") for loss in plan.losses} if t else {"none": None}
+        adapters = checkpoint_modes(states, t, train, decode, modes, head_k or decode.draft_len)
         for set_name, prompts in plan.held_out.items():
             runs = evaluate(pipe, prompts, adapters, decode, progress, desc=f"evaluate {set_name} @{t}")
             points.append({"prompts_streamed": t, "set": set_name, "modes": summarize(runs, compare=list(runs))})
@@ -203,12 +246,18 @@ def _rows_at(result: dict, t: int, set_name: str) -> dict:
     return {}
 
 
+def _modes(meta: dict) -> list[str]:
+    return meta.get("modes") or list(meta["losses"])  # results written before the head: losses only
+
+
 def _draft_policy(meta: dict) -> str:
-    """How long drafts were: the policy changes what acceptance means, so every report names it."""
-    k, stop = meta.get("draft_len"), meta.get("draft_confidence")
-    if k is None:
-        return "draft policy not recorded"
-    return f"k ≤ {k}, confidence stop {stop}" if stop else f"fixed k = {k}"
+    """The plain modes' draft policy, and the head's γ when "+head" modes were run."""
+    plain = draft_policy(dict(meta, draft_stop=_headless(meta.get("draft_stop", "confidence"))))
+    if any(m.endswith("+head") for m in _modes(meta)):
+        k = meta.get("head_draft_len") or meta["draft_len"]
+        return (f"{plain} (\"+ acceptance head\": k ≤ {k}, head stop γ = {meta.get('stop_gamma')}; "
+                f"\"confidence stop\": k ≤ {k}, stop below {meta.get('draft_confidence')})")
+    return plain
 
 
 def _train_extras(train: dict) -> str:
@@ -232,7 +281,9 @@ def markdown(result: dict, meta: dict) -> str:
         lines += [f"\n## held-out {set_name}: after {last} stream prompts\n",
                   "| method | acceptance | Δ vs untrained | tokens/target fwd | speedup vs target (median) | Δ vs untrained | identical |",
                   "|---|---|---|---|---|---|---|"]
-        rows = [("none", base)] + [(m, _rows_at(result, last, set_name).get(m, {})) for m in meta["losses"]]
+        untrained = _rows_at(result, 0, set_name)
+        rows = [(m, untrained[m]) for m in ("none", "none+confidence") if m in untrained]
+        rows += [(m, _rows_at(result, last, set_name).get(m, {})) for m in _modes(meta)]
         for mode, r in rows:
             if not r:
                 continue
@@ -271,7 +322,7 @@ def plot(out_dir: Path, result: dict, meta: dict) -> Path:
         base = _rows_at(result, 0, set_name).get("none", {})
         for col, (key, label) in enumerate(metrics):
             ax = axes[row][col]
-            for mode in meta["losses"]:
+            for mode in _modes(meta):
                 xs, ys = [0], [base.get(key)]
                 for p in result["checkpoints"]:
                     if p["set"] == set_name and mode in p["modes"]:

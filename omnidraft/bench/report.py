@@ -44,9 +44,24 @@ def write_results(out_dir: Path, meta: dict, summary: dict[str, dict]) -> list[P
     return [out_dir / "results.json", out_dir / "results.md"] + plot(out_dir, summary)
 
 
+def draft_policy(meta: dict) -> str:
+    """How long drafts were: the policy changes what acceptance means, so every report names it."""
+    k, stop, conf = meta.get("draft_len"), meta.get("draft_stop", "confidence"), meta.get("draft_confidence")
+    if k is None:
+        return "draft policy not recorded"
+    if stop == "fixed" or (stop == "confidence" and not conf):
+        return f"fixed k = {k}"
+    head = f"acceptance head, γ = {meta.get('stop_gamma')}"
+    if stop == "head":
+        return f"k ≤ {k}, {head}"
+    if stop == "auto":
+        return f"k ≤ {k}, {head} where the adapter has one, else confidence stop {conf}"
+    return f"k ≤ {k}, confidence stop {conf}"
+
+
 def meta_line(meta: dict) -> str:
     return (f"drafter `{meta['drafter']}` → target `{meta['target']}`, prompts `{meta['prompts']}` × {meta['n']}, "
-            f"{meta['max_new_tokens']} new tokens, draft length ≤ {meta['draft_len']} (confidence stop {meta['draft_confidence']}), "
+            f"{meta['max_new_tokens']} new tokens, {draft_policy(meta)}, "
             f"drafter dtype {meta['drafter_dtype']}, sampling modes at T={meta['temperature_sampling_modes']}, "
             f"{meta['threads']} threads")
 

@@ -44,6 +44,13 @@ def add_train_args(parser: argparse.ArgumentParser, interval: int = DEFAULT_INTE
                    help=f"distil towards the target's distribution sharpened to this temperature (default {d.target_temperature:g})")
     g.add_argument("--rank", type=int, default=d.rank, help=f"LoRA rank (default {d.rank})")
     g.add_argument("--alpha", type=float, default=d.alpha, help=f"LoRA alpha; scaling = alpha/rank (default {d.alpha:g})")
+    g.add_argument("--head", action=argparse.BooleanOptionalAction, default=d.head,
+                   help="train the acceptance head beside the adapter (§3.3, Algorithm 3; default on)")
+    g.add_argument("--head-lr", type=float, default=d.head_lr, help=f"acceptance head learning rate (default {d.head_lr:g})")
+    g.add_argument("--head-epochs", type=int, default=d.head_epochs,
+                   help=f"passes of the head over each update's positions (default {d.head_epochs})")
+    g.add_argument("--head-reject-weight", type=float, default=d.head_reject_weight,
+                   help=f"BCE weight of rejected tokens (default {d.head_reject_weight:g}: calibrated probabilities)")
     g.add_argument("--top-k", type=int, default=DEFAULT_TOP_K, help=f"target log-probs kept per position (default {DEFAULT_TOP_K})")
 
 
@@ -54,7 +61,8 @@ def train_config(args: argparse.Namespace):
         raise OmnidraftError("--interval and --top-k must be at least 1")
     config = TrainConfig(loss=getattr(args, "loss", "hybrid"), ngram_weight=args.ngram_weight, lam=args.lam, lr=args.lr,
                          batch_size=args.batch_size, rank=args.rank, alpha=args.alpha, epochs=args.epochs,
-                         target_temperature=args.target_temperature)
+                         target_temperature=args.target_temperature, head=args.head, head_lr=args.head_lr,
+                         head_epochs=args.head_epochs, head_reject_weight=args.head_reject_weight)
     try:
         config.validate()
     except ValueError as exc:

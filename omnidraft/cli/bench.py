@@ -12,7 +12,12 @@ from pathlib import Path
 from omnidraft.cli.adapt import add_train_args
 from omnidraft.cli.bench_online import DEFAULT_STREAM_N as ONLINE_STREAM_N
 from omnidraft.cli.bench_online import add_online_args, run_online_ablation
-from omnidraft.cli.generate import add_adapter_arg, add_cache_args
+from omnidraft.cli.generate import (
+    add_adapter_arg,
+    add_cache_args,
+    add_draft_stop_args,
+    draft_stop_options,
+)
 from omnidraft.config import DEFAULT_DRAFTER_DTYPE, DecodeConfig
 from omnidraft.errors import OmnidraftError
 
@@ -31,7 +36,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--modes", default=None, help=f"comma-separated (default {DEFAULT_MODES})")
     p.add_argument("--draft-len", type=int, default=DecodeConfig.draft_len)
-    p.add_argument("--draft-confidence", type=float, default=DecodeConfig.draft_confidence)
+    add_draft_stop_args(p)
     p.add_argument("--temperature", type=float, default=0.7, help="sampling temperature of the modes tli and omnidraft (and of --ablation cache --verify omnidraft)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--drafter-dtype", default=DEFAULT_DRAFTER_DTYPE, choices=("float32", "bfloat16", "int8"),
@@ -128,13 +133,13 @@ def _meta(args: argparse.Namespace, n: int) -> dict:
 
     return {"drafter": args.drafter, "target": args.target, "prompts": args.prompts, "n": n,
             "offset": args.offset, "max_new_tokens": args.max_new_tokens, "draft_len": args.draft_len,
-            "draft_confidence": args.draft_confidence, "drafter_dtype": args.drafter_dtype,
+            **draft_stop_options(args), "drafter_dtype": args.drafter_dtype,
             "temperature_sampling_modes": args.temperature, "seed": args.seed, "threads": torch.get_num_threads()}
 
 
 def _base_config(args: argparse.Namespace) -> DecodeConfig:
     base = DecodeConfig(max_new_tokens=args.max_new_tokens, draft_len=args.draft_len, seed=args.seed,
-                        draft_confidence=args.draft_confidence)
+                        **draft_stop_options(args))
     base.validate()
     return base
 

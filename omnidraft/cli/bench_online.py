@@ -21,7 +21,10 @@ DEFAULT_CHECKPOINTS = 4
 def add_online_args(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--checkpoints", type=int, default=DEFAULT_CHECKPOINTS,
                        help=f"(--ablation online) evaluations along the stream after the untrained one (default {DEFAULT_CHECKPOINTS})")
-    group.add_argument("--losses", default="dm,hybrid", help="(--ablation online) losses to compare: dm, hybrid")
+    group.add_argument("--losses", default="dm,hybrid", help="(--ablation online) losses to compare: dm, hybrid, frozen (no distillation: the acceptance head alone)")
+    group.add_argument("--head-draft-len", type=int, default=None,
+                       help="(--ablation online) most tokens per draft when the acceptance head (or the confidence "
+                            "baseline it replaces) stops drafts (default: --draft-len)")
     group.add_argument("--shift-to", default=None, help="(--ablation online) the stream's second half comes from this set")
     group.add_argument("--records", type=Path, default=None,
                        help="(--ablation online) cache of recorded target outputs, reused across runs (default OUT/records.pt)")
@@ -56,11 +59,13 @@ def run_online_ablation(args: argparse.Namespace, stream_n: int) -> int:
         OnlinePlan,
         RecordCache,
         checkpoints_for,
+        modes_of,
         records_meta,
         run_online,
         write_online,
     )
     from omnidraft.cli.adapt import train_config
+    from omnidraft.cli.generate import draft_stop_options
     from omnidraft.config import DecodeConfig
     from omnidraft.runtime import CacheOptions, encode_prompt, load_pipeline
 
@@ -71,10 +76,12 @@ def run_online_ablation(args: argparse.Namespace, stream_n: int) -> int:
         raise OmnidraftError("--checkpoints must be between 1 and --stream-n")
     if args.drafter == "none" or args.drafter_dtype == "int8":
         raise OmnidraftError("--ablation online trains the drafter: it needs one, in bfloat16 or float32")
+    if args.head_draft_len is not None and args.head_draft_len < 1:
+        raise OmnidraftError("--head-draft-len must be at least 1")
     train = train_config(args)
     stream, sets, held = _slices(args, stream_n)
-    decode = DecodeConfig(max_new_tokens=args.max_new_tokens, draft_len=args.draft_len,
-                          draft_confidence=args.draft_confidence, verify="greedy")
+    decode = DecodeConfig(max_new_tokens=args.max_new_tokens, draft_len=args.draft_len, verify="greedy",
+                          **draft_stop_options(args))
     decode.validate()
     pipe = load_pipeline(args.target, args.drafter, drafter_dtype=args.drafter_dtype, adapter="none",
                          cache=CacheOptions(enabled=False))
@@ -83,11 +90,12 @@ def run_online_ablation(args: argparse.Namespace, stream_n: int) -> int:
                       checkpoints=checkpoints_for(stream_n, args.checkpoints), interval=args.interval,
                       losses=losses, stream_sets=sets)
     records = RecordCache(args.records or args.out / "records.pt", records_meta(pipe, args.max_new_tokens, args.top_k))
-    result = run_online(pipe, plan, decode, train, records)
+    result = run_online(pipe, plan, decode, train, records, head_k=args.head_draft_len)
     meta = {"drafter": args.drafter, "target": args.target, "stream": args.prompts + (f" → {args.shift_to}" if args.shift_to else ""),
             "stream_n": stream_n, "offset": args.offset, "held_out": {k: len(v) for k, v in held.items()},
             "interval": args.interval, "checkpoints": plan.checkpoints, "losses": losses,
-            "max_new_tokens": args.max_new_tokens, "draft_len": args.draft_len, "draft_confidence": args.draft_confidence,
+            "modes": modes_of(losses, train.head), "max_new_tokens": args.max_new_tokens, "draft_len": args.draft_len,
+            **draft_stop_options(args), "head_draft_len": args.head_draft_len,
             "drafter_dtype": args.drafter_dtype, "train": asdict(train), "top_k": args.top_k,
             "shift_at": stream_n // 2 if args.shift_to else None, "threads": torch.get_num_threads()}
     files = write_online(args.out, result, meta)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from omnidraft.config import (
     DEFAULT_DRAFTER_DTYPE,
+    DRAFT_STOPS,
     TRANSLATIONS,
     VERIFIERS,
     DecodeConfig,
@@ -25,8 +26,7 @@ def add_decode_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--verify", choices=VERIFIERS, default=None, help="default: greedy at temperature 0, else omnidraft")
     parser.add_argument("--draft-len", type=int, default=DecodeConfig.draft_len, help="most drafter tokens per step (k)")
-    parser.add_argument("--draft-confidence", type=float, default=DecodeConfig.draft_confidence,
-                        help="stop drafting after a token the drafter gives less than this probability (0: never)")
+    add_draft_stop_args(parser)
     parser.add_argument("--translate", choices=TRANSLATIONS, default="auto",
                         help="drafter->target translation: text (re-tokenize, greedy), tokens (direct mapping + n-grams); auto: text for greedy")
     parser.add_argument("--drafter-dtype", choices=("float32", "bfloat16", "int8"), default=DEFAULT_DRAFTER_DTYPE,
@@ -36,6 +36,22 @@ def add_decode_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="float32", help="target dtype: float32 (default) or bfloat16")
     add_adapter_arg(parser)
     add_cache_args(parser)
+
+
+def add_draft_stop_args(parser: argparse.ArgumentParser) -> None:
+    """How long each draft is (generate, chat, adapt, bench)."""
+    d = DecodeConfig
+    parser.add_argument("--draft-stop", choices=DRAFT_STOPS, default=d.draft_stop,
+                        help="when to stop drafting: head (the adapter's learned acceptance head), confidence, "
+                             "fixed (always --draft-len); auto: head when the adapter has one, else confidence")
+    parser.add_argument("--draft-confidence", type=float, default=d.draft_confidence,
+                        help=f"confidence stop: end a draft after a token the drafter gives less than this probability (default {d.draft_confidence})")
+    parser.add_argument("--stop-gamma", type=float, default=d.stop_gamma,
+                        help=f"head stop: end a draft once P(some drafted token is rejected) > γ (eq. 7; default {d.stop_gamma})")
+
+
+def draft_stop_options(args: argparse.Namespace) -> dict:
+    return {"draft_confidence": args.draft_confidence, "draft_stop": args.draft_stop, "stop_gamma": args.stop_gamma}
 
 
 def add_adapter_arg(parser: argparse.ArgumentParser) -> None:
@@ -64,7 +80,7 @@ def decode_config(args: argparse.Namespace) -> DecodeConfig:
     verify = args.verify or ("greedy" if args.temperature == 0 else "omnidraft")
     config = DecodeConfig(max_new_tokens=args.max_new_tokens, verify=verify, draft_len=args.draft_len,
                           temperature=args.temperature, top_p=args.top_p, seed=args.seed, use_ngram=not args.no_ngram,
-                          draft_confidence=args.draft_confidence, translate=args.translate)
+                          translate=args.translate, **draft_stop_options(args))
     config.validate()
     return config
 

@@ -4,6 +4,10 @@ Proposals are restricted to what the bridge can translate: direct-mapped tokens,
 that start or extend an n-gram in the cache (so 'f', 'la', 'ke' may become the target's 'flake').
 For the sampling verifiers each step keeps its draft distribution q (after the restriction,
 temperature and top-p): that is the distribution the token was actually drawn from.
+
+How many tokens to draft: up to k, stopping early either after a token whose own probability is
+below a fixed confidence, or, when the adapter in use carries a learned acceptance head, once the
+head's P(some drafted token is rejected) exceeds γ (OmniDraft §3.3, eq. (5)-(7)).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import torch
 
 from omnidraft.kv import CachedLM
 from omnidraft.ngram.trie import NgramTrie, TrieNode
+from omnidraft.train.accept_head import AcceptHead, should_stop
 from omnidraft.verify.core import probs_from_logits
 from omnidraft.vocab.bridge import VocabBridge
 
@@ -46,6 +51,12 @@ class Drafter:
         self._root_cache: NgramTrie | None = None
         self._root_version = -1
         self._root_extra = torch.empty(0, dtype=torch.long)
+        self.head: AcceptHead | None = None  # set by the adapter slot with the adapter's head
+        self._hidden = torch.empty(0)  # the LM head's input at the last position (the head's e_i)
+        model.get_output_embeddings().register_forward_pre_hook(self._keep_hidden)
+
+    def _keep_hidden(self, _module, args) -> None:
+        self._hidden = args[0][0, -1]
 
     def reset(self) -> None:
         self.lm.reset()
@@ -83,25 +94,32 @@ class Drafter:
         keep_q: bool = False,
         confidence: float = 0.0,
         free: bool = False,
+        gamma: float = 0.0,
     ) -> Draft:
         """Draft up to ``k`` tokens after ``context`` (drafter ids); stop early after a token whose
-        draft probability is below ``confidence``."""
+        draft probability is below ``confidence``, or (``gamma`` > 0 and a head is set) once the
+        acceptance head's P(any drafted token rejected) exceeds ``gamma``, eq. (7)."""
         tokens: list[int] = []
         qs: list[torch.Tensor] = []
         active: list[TrieNode] = []
+        accept_probs: list[float] = []
+        use_head = gamma > 0 and self.head is not None
         logits = self.lm.logits_for(context)[0]
         for step in range(k):
             masked = logits + (self.text_bias if free else self._bias(ngrams, active))
             doubtful = False
+            if use_head:  # eq. (5)-(7); the token that crosses γ is still proposed (its draft is paid for)
+                accept_probs.append(self.head.accept_prob(self._hidden, logits))
+                doubtful = should_stop(accept_probs, gamma)
             if temperature <= 0 and not keep_q:
                 tok = int(masked.argmax())
                 if confidence > 0:
-                    doubtful = float(torch.softmax(masked, -1)[tok]) < confidence
+                    doubtful = doubtful or float(torch.softmax(masked, -1)[tok]) < confidence
             else:
                 q = probs_from_logits(masked, temperature, top_p)
                 tok = int(masked.argmax()) if temperature <= 0 else int(torch.multinomial(q, 1, generator=generator))
                 qs.append(q)
-                doubtful = float(q[tok]) < confidence
+                doubtful = doubtful or float(q[tok]) < confidence
             tokens.append(tok)
             if ngrams is not None and len(ngrams):
                 active = [c for node in active + [ngrams.root] if (c := node.children.get(tok)) is not None]

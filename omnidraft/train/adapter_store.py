@@ -98,6 +98,7 @@ class LoadedAdapter:
     state: dict[str, torch.Tensor]
     meta: dict
     scaling: float
+    head_state: dict[str, torch.Tensor] | None = None  # the acceptance head's tensors, when trained
 
     @property
     def version(self) -> int:
@@ -154,7 +155,23 @@ def load(folder: Path, identity: Identity | None) -> LoadedAdapter | None:
         raise AdapterProblem(f"adapter {version_dir} is corrupt ({exc.__class__.__name__}: {str(exc).splitlines()[0][:80] if str(exc) else ''})") from None
     if any(not torch.isfinite(t).all() for t in state.values()):
         raise AdapterProblem(f"adapter {version_dir} holds non-finite weights")
-    return LoadedAdapter(version_dir, state, meta, scaling)
+    return LoadedAdapter(version_dir, state, meta, scaling, _load_head(version_dir))
+
+
+def _load_head(version_dir: Path) -> dict[str, torch.Tensor] | None:
+    """The acceptance head saved beside the adapter (None for an adapter trained without one)."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    from omnidraft.train.accept_head import HEAD_FILE
+
+    path = version_dir / HEAD_FILE
+    if not path.is_file():
+        return None
+    try:
+        return load_file(str(path))
+    except (OSError, SafetensorError) as exc:
+        raise AdapterProblem(f"adapter {version_dir} has a corrupt acceptance head ({exc.__class__.__name__})") from None
 
 
 def list_pairs(home: str | os.PathLike | None = None) -> list[Path]:
@@ -163,14 +180,20 @@ def list_pairs(home: str | os.PathLike | None = None) -> list[Path]:
 
 
 # ---- writing -----------------------------------------------------------------------------------
-def save(folder: Path, peft_model, meta: dict) -> Path:
-    """Publish a new version of the adapter atomically; returns its folder."""
+def save(folder: Path, peft_model, meta: dict, head_state: dict[str, torch.Tensor] | None = None) -> Path:
+    """Publish a new version of the adapter (and its acceptance head) atomically; returns its folder."""
+    from safetensors.torch import save_file
+
+    from omnidraft.train.accept_head import HEAD_FILE
+
     folder.mkdir(parents=True, exist_ok=True)
     _sweep(folder)
     version = _next_version(folder)
     tmp = Path(tempfile.mkdtemp(dir=folder, prefix=".tmp-"))
     try:
         peft_model.save_pretrained(str(tmp))
+        if head_state is not None:
+            save_file(head_state, str(tmp / HEAD_FILE))
         meta = dict(meta, format=FORMAT_VERSION, kind="omnidraft-lora", version=version, saved_at=time.time())
         (tmp / META_FILE).write_text(json.dumps(meta, indent=1))
         for path in tmp.iterdir():

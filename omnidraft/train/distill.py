@@ -6,6 +6,9 @@
 gradient accumulation, and calls ``pause()`` before every micro-batch: that is where a background
 trainer yields the CPU to decoding.
 
+With ``head`` on (the default), each update then fits the acceptance head of ``accept_head.py`` on
+the buffer's emitted positions, labelled by the just-updated drafter: Algorithm 3's joint variant.
+
 Logits are computed only where a label is (the hidden state before each labelled token through
 the LM head), never for the whole sequence: 49k-wide rows for a thousand positions, not for all.
 """
@@ -20,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from omnidraft.train import lora
+from omnidraft.train import accept_head, lora
 from omnidraft.train.loss import (
     LOSS_KINDS,
     NGRAM_WEIGHTS,
@@ -50,6 +53,12 @@ class TrainConfig:
     micro_tokens: int = 2048  # tokens per forward/backward between two yield points
     max_grad_norm: float = 1.0
     seed: int = 0
+    distill: bool = True  # False: the drafter stays frozen and only the head learns (Table 2's "Adapt Only")
+    # The acceptance head (§3.3), trained jointly after each distillation update (Algorithm 3).
+    head: bool = True
+    head_lr: float = 1e-3
+    head_epochs: int = 4  # passes over Q's positions per update: the head is tiny, its passes cheap
+    head_reject_weight: float = 1.0  # BCE weight of rejected tokens (1: calibrated, see accept_head)
 
     def validate(self) -> None:
         if self.loss not in LOSS_KINDS:
@@ -59,6 +68,8 @@ class TrainConfig:
         if self.lr <= 0 or self.batch_size < 1 or self.rank < 1 or self.alpha <= 0 or self.lam < 0 or self.epochs < 1 \
                 or self.target_temperature <= 0:
             raise ValueError("lr, alpha, target temperature must be > 0, batch size, epochs and rank >= 1, lambda >= 0")
+        if self.head_lr <= 0 or self.head_epochs < 1 or self.head_reject_weight <= 0:
+            raise ValueError("head lr and reject weight must be > 0, head epochs >= 1")
 
     @property
     def loss_config(self) -> LossConfig:
@@ -82,6 +93,10 @@ class UpdateMetrics:
     ngram_nll: float = 0.0  # mean NLL of n-gram sub-tokens
     expected_acceptance: float = 0.0  # mean min(1, p(t)/q'(t)) at DM positions (Alg. 3, line 9)
     top1_agreement: float = 0.0  # share of DM positions where the drafter's argmax is the target's token
+    head_positions: int = 0  # emitted positions the acceptance head saw
+    accept_label_mean: float = 0.0  # share of them where the drafter's greedy token is the target's
+    head_bce: float = 0.0  # mean BCE of the head on them (before its own update, so honest)
+    head_auc: float = 0.0  # how well its score separates accepted from rejected (0.5 = chance)
     seconds: float = 0.0
     extra: dict = field(default_factory=dict)
 
@@ -93,7 +108,7 @@ class Distiller:
     """The trainable LoRA drafter and its optimizer."""
 
     def __init__(self, model: torch.nn.Module, dm_mask: torch.Tensor, config: TrainConfig,
-                 state: dict[str, torch.Tensor] | None = None) -> None:
+                 state: dict[str, torch.Tensor] | None = None, head_state: dict[str, torch.Tensor] | None = None) -> None:
         config.validate()
         self.config = config
         self.dm_mask = dm_mask.bool()
@@ -103,23 +118,87 @@ class Distiller:
         self._rng = random.Random(config.seed)
         self._inner = self.model.get_base_model().model  # the transformer body (LoRA layers inside)
         self._head = self.model.get_base_model().get_output_embeddings()
+        self.accept_head: accept_head.AcceptHead | None = None
+        if config.head:
+            hidden_size = self._head.weight.shape[1]
+            self.accept_head = (accept_head.from_state(head_state, hidden_size) if head_state is not None
+                                else accept_head.AcceptHead(hidden_size))
+            self.head_optimizer = torch.optim.AdamW(self.accept_head.parameters(), lr=config.head_lr,
+                                                    weight_decay=config.weight_decay)
 
     def state(self) -> dict[str, torch.Tensor]:
         return lora.lora_state(self.model)
 
+    def head_state(self) -> dict[str, torch.Tensor] | None:
+        return accept_head.state_of(self.accept_head) if self.accept_head is not None else None
+
     def update(self, examples: Sequence[Example], pause: Callable[[], None] = lambda: None) -> UpdateMetrics:
-        """``epochs`` passes over ``examples`` (the buffer Q), one AdamW step per batch of ``batch_size``."""
+        """``epochs`` passes over ``examples`` (the buffer Q), one AdamW step per batch of ``batch_size``;
+        then the acceptance head on Q, labelled by the updated drafter (Algorithm 3, lines 8-10)."""
         order: list[Example] = []
         for _ in range(self.config.epochs):  # each pass in its own shuffled order
             one_pass = list(examples)
             self._rng.shuffle(one_pass)
             order += one_pass
-        return self._run(order, pause, train=True)
+        metrics = self._run(order, pause, train=True) if self.config.distill else UpdateMetrics(examples=len(order))
+        if self.accept_head is not None:  # Algorithm 3, lines 9-10: labels from the updated drafter
+            self._head_pass(list(examples), pause, metrics, train=True)
+        return metrics
 
     @torch.no_grad()
     def evaluate(self, examples: Sequence[Example]) -> UpdateMetrics:
         """The same metrics on ``examples`` with no optimizer step (held-out, teacher-forced)."""
-        return self._run(list(examples), lambda: None, train=False)
+        metrics = self._run(list(examples), lambda: None, train=False)
+        if self.accept_head is not None:
+            self._head_pass(list(examples), lambda: None, metrics, train=False)
+        return metrics
+
+    def _head_pass(self, examples: list[Example], pause: Callable[[], None], metrics: UpdateMetrics, train: bool) -> None:
+        """Score the head on Q's emitted positions, then (``train``) fit it for ``head_epochs`` passes."""
+        start = time.perf_counter()
+        feats, labels = self.head_data(examples, pause)
+        if not len(labels):
+            return
+        with torch.no_grad():
+            scores = self.accept_head(feats)
+            metrics.head_bce = float(accept_head.weighted_bce(scores, labels)) / len(labels)
+        metrics.head_positions = len(labels)
+        metrics.accept_label_mean = float(labels.mean())
+        metrics.head_auc = _auc(scores, labels)
+        if train:
+            self._fit_head(feats, labels, pause)
+        metrics.seconds += time.perf_counter() - start
+
+    @torch.no_grad()
+    def head_data(self, examples: Sequence[Example], pause: Callable[[], None] = lambda: None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Features and labels at every emitted position of ``examples`` under the current drafter:
+        label 1 where the drafter's greedy token is the target's (the teacher-forced token)."""
+        feats, labels = [], []
+        self.model.eval()
+        for micro in _micro_batches([e for e in examples if len(e.input_ids) > 1], self.config.micro_tokens):
+            pause()
+            hidden, tokens = self._hidden_at_emitted(micro)
+            for chunk in range(0, len(tokens), 512):  # 49k-wide logits, a few hundred rows at a time
+                h = hidden[chunk: chunk + 512]
+                logits = self._head(h)
+                feats.append(accept_head.features(h, logits))
+                labels.append((logits.argmax(-1) == tokens[chunk: chunk + 512]).float())
+        if not feats:
+            return torch.empty(0), torch.empty(0)
+        return torch.cat(feats), torch.cat(labels)
+
+    def _fit_head(self, feats: torch.Tensor, labels: torch.Tensor, pause: Callable[[], None]) -> None:
+        """L_adapt (weighted BCE) by AdamW, ``head_epochs`` shuffled passes in batches of 256 positions."""
+        gen = torch.Generator().manual_seed(self._rng.randrange(2**31))
+        self.accept_head.train()
+        for _ in range(self.config.head_epochs):
+            pause()
+            for idx in torch.randperm(len(labels), generator=gen).split(256):
+                self.head_optimizer.zero_grad(set_to_none=True)
+                loss = accept_head.weighted_bce(self.accept_head(feats[idx]), labels[idx], self.config.head_reject_weight)
+                (loss / len(idx)).backward()
+                self.head_optimizer.step()
+        self.accept_head.eval()
 
     def _run(self, order: list[Example], pause: Callable[[], None], train: bool) -> UpdateMetrics:
         start = time.perf_counter()
@@ -178,19 +257,34 @@ class Distiller:
                      "dm": len(dm_tokens), "ng": len(ng_tokens)}
         return total, parts
 
-    def _hidden_before_labels(self, batch: list[Example]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Final hidden states at the position before each DM / n-gram label, right-padded batch."""
+    def _padded_hidden(self, batch: list[Example]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The transformer body's final hidden states over a right-padded batch, and its ids."""
         width = max(len(e.input_ids) for e in batch)
         ids = torch.zeros((len(batch), width), dtype=torch.long)
         mask = torch.zeros((len(batch), width), dtype=torch.long)
         for row, e in enumerate(batch):
             ids[row, : len(e.input_ids)] = e.input_ids
             mask[row, : len(e.input_ids)] = 1
-        hidden = self._inner(input_ids=ids, attention_mask=mask).last_hidden_state
+        return self._inner(input_ids=ids, attention_mask=mask).last_hidden_state, ids
+
+    def _hidden_before_labels(self, batch: list[Example]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Final hidden states at the position before each DM / n-gram label, right-padded batch."""
+        hidden, _ = self._padded_hidden(batch)
         pick = lambda name: hidden[
             torch.cat([torch.full((len(getattr(e, name)),), r) for r, e in enumerate(batch)]).long(),
             torch.cat([getattr(e, name) - 1 for e in batch])]
         return pick("dm_pos"), pick("ng_pos")
+
+    def _hidden_at_emitted(self, batch: list[Example]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Hidden states before each emitted drafter token and those tokens (the head's positions)."""
+        hidden, ids = self._padded_hidden(batch)
+        rows, cols = [], []
+        for r, e in enumerate(batch):
+            pos = torch.arange(max(e.emitted_start, 1), len(e.input_ids))
+            rows.append(torch.full((len(pos),), r))
+            cols.append(pos)
+        rows_t, cols_t = torch.cat(rows).long(), torch.cat(cols).long()
+        return hidden[rows_t, cols_t - 1], ids[rows_t, cols_t]
 
 
 def _micro_batches(batch: list[Example], max_tokens: int) -> list[list[Example]]:
@@ -203,6 +297,16 @@ def _micro_batches(batch: list[Example], max_tokens: int) -> list[list[Example]]
         else:
             groups.append([e])
     return groups
+
+
+def _auc(scores: torch.Tensor, labels: torch.Tensor) -> float:
+    """Area under the ROC curve by the rank-sum formula (0.5 when a class is missing)."""
+    pos, neg = int(labels.sum()), int(len(labels) - labels.sum())
+    if not pos or not neg:
+        return 0.5
+    ranks = torch.empty(len(scores))
+    ranks[scores.argsort()] = torch.arange(1, len(scores) + 1, dtype=torch.float)
+    return float((ranks[labels > 0.5].sum() - pos * (pos + 1) / 2) / (pos * neg))
 
 
 def learning_curve_point(metrics: UpdateMetrics) -> dict:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from omnidraft.decode import DecodeObserver
 from omnidraft.drafter import Drafter
-from omnidraft.train import adapter_store
+from omnidraft.train import accept_head, adapter_store
 from omnidraft.train.background import BackgroundTrainer, Published, TrainerSetup
 from omnidraft.train.distill import TrainConfig
 from omnidraft.train.lora import MergedLora
@@ -45,11 +45,16 @@ class AdapterSlot(DecodeObserver):
     def use(self, loaded: adapter_store.LoadedAdapter | None) -> None:
         """Merge ``loaded`` into the drafter (None: back to the base weights); the drafter's KV
         cache was computed with the old weights, so it is dropped and rebuilt on the next draft."""
+        head = None
+        if loaded is not None and loaded.head_state is not None:  # checked before anything changes
+            hidden_size = self.drafter.lm.model.get_output_embeddings().weight.shape[1]
+            head = accept_head.from_state(loaded.head_state, hidden_size)
         if loaded is None:
             self.merged.clear()
         else:
             self.merged.apply(loaded.state, loaded.scaling)
         self.current = loaded
+        self.drafter.head = head
         self.drafter.reset()
 
     def before_step(self) -> None:
@@ -69,7 +74,8 @@ class AdapterSlot(DecodeObserver):
         if self.current is None:
             return "none"
         meta = self.current.meta
-        return f"{self.current.path} (update {meta.get('updates', 0)}, {meta.get('records_seen', 0)} records)"
+        head = ", acceptance head" if self.drafter.head is not None else ""
+        return f"{self.current.path} (update {meta.get('updates', 0)}, {meta.get('records_seen', 0)} records{head})"
 
 
 class TrainingSignal(DecodeObserver):

@@ -104,6 +104,7 @@ class Example:
     ng_pos: torch.Tensor  # [N_ng] positions of n-gram sub-tokens
     ng_logp_target: torch.Tensor  # [N_ng] log p of the n-gram's target token (the per-token weight)
     emitted_tokens: int  # target tokens the record covered
+    emitted_start: int = 0  # index in ``input_ids`` of the first drafter token of the emitted text
 
     @property
     def labelled(self) -> int:
@@ -212,4 +213,5 @@ def to_example(record: Record, bridge: VocabBridge, preimages: torch.Tensor,
         ng_pos=torch.tensor([p for p, _ in ng], dtype=torch.long),
         ng_logp_target=record.logp_emitted[ng_rows],
         emitted_tokens=len(record),
+        emitted_start=max(base, 0),
     )

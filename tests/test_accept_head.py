@@ -1,0 +1,148 @@
+"""The acceptance head (§3.3): its loss and stopping rule against hand-computed values, its file
+format, and its grip on drafting (tiny random models)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from tiny import DRAFTER_CORPUS, tiny_model, tiny_tokenizer
+
+from omnidraft.config import DecodeConfig
+from omnidraft.decode import SpeculativeDecoder
+from omnidraft.errors import OmnidraftError
+from omnidraft.runtime import build_bridge, make_drafter
+from omnidraft.target import LocalTarget
+from omnidraft.train import accept_head, adapter_store
+from omnidraft.train.distill import _auc
+
+
+def test_weighted_bce_matches_hand_computed_values():
+    logit, label = torch.tensor([0.0, 2.0, -1.0]), torch.tensor([1.0, 0.0, 0.25])
+    # z=0, l=1: log 2;  z=2, l=0: log(1 + e^2), weighted 3;  soft l=0.25 at z=-1: its BCE,
+    # −[0.25·log σ(−1) + 0.75·log σ(1)], weighted 0.25 + 3·0.75.
+    soft = -(0.25 * math.log(1 / (1 + math.e)) + 0.75 * math.log(1 / (1 + math.exp(-1))))
+    expected = math.log(2) + 3 * math.log(1 + math.e ** 2) + (0.25 + 3 * 0.75) * soft
+    assert float(accept_head.weighted_bce(logit, label, reject_weight=3.0)) == pytest.approx(expected, rel=1e-5)
+    plain = math.log(2) + math.log(1 + math.e ** 2) + soft
+    assert float(accept_head.weighted_bce(logit, label)) == pytest.approx(plain, rel=1e-5)
+
+
+def test_stop_rule_is_eq_6_and_7():
+    assert not accept_head.should_stop([0.9], 0.2)  # P(reject) = 0.1
+    assert not accept_head.should_stop([0.9, 0.8], 0.3)  # 1 − 0.72 = 0.28
+    assert accept_head.should_stop([0.9, 0.8], 0.25)
+    assert accept_head.should_stop([0.9, 0.8, 0.9], 0.3)  # 1 − 0.648 = 0.352
+
+
+def test_features_hold_hidden_state_logit_of_top_prob_and_entropy():
+    hidden = torch.randn(3, 5)
+    logits = torch.tensor([[0.0, 0.0, 0.0, 0.0], [math.log(3), 0.0, -1e9, -1e9], [1e9, 0.0, 0.0, 0.0]])
+    f = accept_head.features(hidden, logits)
+    assert f.shape == (3, 5 + accept_head.CONFIDENCE_FEATURES)
+    assert torch.equal(f[:, :5], hidden)
+    assert f[0, 5] == pytest.approx(math.log(0.25 / 0.75)) and f[0, 6] == pytest.approx(math.log(4))  # uniform
+    assert f[1, 5] == pytest.approx(math.log(3), rel=1e-4)  # max q = 3/4: logit = log 3
+    assert torch.isfinite(f[2]).all() and f[2, 5] > 10 and f[2, 6] < 1e-6  # one-hot stays finite
+
+
+def test_untrained_head_is_the_confidence_rule():
+    """It starts at P(accept) = max q, whatever the hidden state."""
+    head = accept_head.AcceptHead(6, width=4)
+    logits = torch.tensor([math.log(3), 0.0, -1e9])
+    for _ in range(3):
+        assert head.accept_prob(torch.randn(6) * 50, logits) == pytest.approx(0.75, rel=1e-4)
+
+
+def test_auc_by_ranks():
+    labels = torch.tensor([0.0, 0.0, 1.0, 1.0])
+    assert _auc(torch.tensor([0.1, 0.2, 0.8, 0.9]), labels) == 1.0
+    assert _auc(torch.tensor([0.9, 0.8, 0.2, 0.1]), labels) == 0.0
+    assert _auc(torch.tensor([0.1, 0.8, 0.2, 0.9]), labels) == 0.75
+    assert _auc(torch.tensor([0.1, 0.2]), torch.tensor([1.0, 1.0])) == 0.5  # one class: no information
+
+
+def test_head_state_round_trips_and_refuses_another_width():
+    head = accept_head.AcceptHead(8, width=4)
+    again = accept_head.from_state(accept_head.state_of(head), 8)
+    x = torch.randn(3, 8 + accept_head.CONFIDENCE_FEATURES)
+    assert torch.equal(head(x), again(x))
+    with pytest.raises(ValueError, match="does not fit"):
+        accept_head.from_state(accept_head.state_of(head), 16)
+    broken = accept_head.state_of(head)
+    broken["mlp.2.bias"] = torch.tensor([float("nan")])
+    with pytest.raises(ValueError, match="non-finite"):
+        accept_head.from_state(broken, 8)
+
+
+def test_adapter_store_keeps_the_head_and_flags_a_corrupt_one(tmp_path):
+    from peft import get_peft_model
+
+    from omnidraft.train.lora import lora_config
+
+    model = get_peft_model(tiny_model(300, seed=0), lora_config(rank=4, alpha=4))
+    head = accept_head.AcceptHead(int(model.get_base_model().config.hidden_size), width=4)
+    path = adapter_store.save(tmp_path / "pair", model, {"identity": {}}, accept_head.state_of(head))
+    loaded = adapter_store.load(tmp_path / "pair", None)
+    assert loaded.head_state is not None and torch.equal(loaded.head_state["mlp.0.weight"], head.mlp[0].weight)
+    (path / accept_head.HEAD_FILE).write_bytes(b"not safetensors")
+    with pytest.raises(adapter_store.AdapterProblem, match="corrupt acceptance head"):
+        adapter_store.load(tmp_path / "pair", None)
+    adapter_store.save(tmp_path / "bare", model, {"identity": {}})
+    assert adapter_store.load(tmp_path / "bare", None).head_state is None  # an adapter without a head
+
+
+@pytest.fixture(scope="module")
+def decoder():
+    d_tok, t_tok = tiny_tokenizer(330, DRAFTER_CORPUS), tiny_tokenizer(420)
+    d_model, t_model = tiny_model(len(d_tok), seed=1), tiny_model(len(t_tok), seed=2)
+    target = LocalTarget(t_model, t_tok)
+    bridge = build_bridge(d_model, d_tok, t_model, t_tok)
+    return SpeculativeDecoder(target, make_drafter(d_model, bridge, target), bridge)
+
+
+def _head_always(decoder: SpeculativeDecoder, logit: float) -> accept_head.AcceptHead:
+    """A head that predicts sigmoid(logit) for every token."""
+    head = accept_head.AcceptHead(decoder.drafter.lm.model.config.hidden_size, width=4)
+    with torch.no_grad():
+        head.confidence.weight.zero_()
+        head.confidence.bias.fill_(logit)
+    return head
+
+
+def _drafted_per_step(decoder: SpeculativeDecoder, config: DecodeConfig) -> tuple[float, list[int]]:
+    out = decoder.generate(decoder.target.tokenizer.encode("the cat sat on"), config)
+    s = decoder.stats
+    return s.drafted_tokens / max(s.steps, 1), out.token_ids
+
+
+def test_head_decides_the_draft_length_and_never_the_output(decoder):
+    cfg = DecodeConfig(max_new_tokens=24, draft_len=6, draft_stop="head", stop_gamma=0.5)
+    expected = SpeculativeDecoder(decoder.target).generate(decoder.target.tokenizer.encode("the cat sat on"), cfg).token_ids
+    try:
+        decoder.drafter.head = _head_always(decoder, 6.0)  # P(accept) ≈ 0.998: never stops early
+        long, out_long = _drafted_per_step(decoder, cfg)
+        decoder.drafter.head = _head_always(decoder, -6.0)  # P(accept) ≈ 0.002: stops after one token
+        short, out_short = _drafted_per_step(decoder, cfg)
+        decoder.drafter.head = _head_always(decoder, math.log(9))  # P = 0.9: 1 − 0.9^n > 0.3 at n = 4
+        four, _ = _drafted_per_step(decoder, DecodeConfig(max_new_tokens=24, draft_len=6, draft_stop="head", stop_gamma=0.3))
+        fixed, _ = _drafted_per_step(decoder, DecodeConfig(max_new_tokens=24, draft_len=6, draft_stop="fixed"))
+    finally:
+        decoder.drafter.head = None
+    assert 0.9 < short <= 1.0  # one token per draft (the last step may be a plain target step)
+    assert 5.0 < long <= 6.0 and fixed == pytest.approx(long)  # a confident head drafts like fixed k
+    assert 3.0 < four <= 4.0
+    assert out_long == out_short == expected  # greedy output is the target's whatever the draft length
+
+
+def test_head_stop_without_a_head_is_a_clear_error(decoder):
+    with pytest.raises(OmnidraftError, match="acceptance head"):
+        decoder.generate([5, 6, 7], DecodeConfig(max_new_tokens=4, draft_stop="head"))
+
+
+def test_draft_stop_is_validated():
+    with pytest.raises(OmnidraftError, match="draft stop"):
+        DecodeConfig(draft_stop="sometimes").validate()
+    with pytest.raises(OmnidraftError, match="stop-gamma"):
+        DecodeConfig(stop_gamma=1.0).validate()
