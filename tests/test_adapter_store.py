@@ -140,7 +140,10 @@ def test_cli_adapters_list_show_remove_and_a_corrupt_adapter_path(tmp_path):
     pair = home / "adapters" / "smollm2-135m--qwen2.5-coder-0.5b"
     adapter_store.save(pair, _peft(), {"identity": vars(IDENTITY), "updates": 2, "records_seen": 16,
                                        "history": [{"loss": 0.5, "dm_kl": 0.4, "ngram_nll": 2.0, "expected_acceptance": 0.6,
-                                                    "top1_agreement": 0.7, "dm_tokens": 100, "ngram_tokens": 10, "seconds": 3.0}]})
+                                                    "top1_agreement": 0.7, "dm_tokens": 100, "ngram_tokens": 10, "seconds": 3.0},
+                                                   {"loss": 0.4, "dm_kl": 0.3, "ngram_nll": 1.9, "expected_acceptance": 0.65,
+                                                    "top1_agreement": 0.72, "dm_tokens": 90, "ngram_tokens": 9, "seconds": 3.5,
+                                                    "head_positions": 120, "head_auc": 0.913}]})
     env_home = ["--home", str(home)]
     listed = omnidraft(*env_home, "adapters", "list", "--json")
     assert listed.returncode == 0, listed.stderr
@@ -148,6 +151,7 @@ def test_cli_adapters_list_show_remove_and_a_corrupt_adapter_path(tmp_path):
     assert row["name"] == pair.name and row["updates"] == 2 and row["status"] == "ok"
     shown = omnidraft(*env_home, "adapters", "show", pair.name)
     assert shown.returncode == 0 and "records_seen" in shown.stdout and "0.600" in shown.stdout
+    assert "0.913" in shown.stdout  # the acceptance head's AUC of the update that trained one
     (pair / "CURRENT").write_text("v999999\n")
     assert "unusable" in omnidraft(*env_home, "adapters", "list").stdout
     assert_one_line_error(omnidraft(*env_home, "generate", "--prompt", "hi", "--adapter", str(pair)), "--adapter", "missing")

@@ -328,7 +328,7 @@ def test_second_session_starts_with_the_cache_and_survives_bad_targets_and_long_
     learned = int(ENTRIES.search("\n".join(first_session["stats_after"])).group(2))
     chat = Chat(chat_home, "--max-new-tokens", "16", "--context-window", "56")
     assert int(ENTRIES.search(chat.banner).group(2)) == learned
-    assert re.search(r"adapter: \S+/v\d{6} \(update 2, 2 records\)", chat.banner), chat.banner  # and its adapter
+    assert re.search(r"adapter: \S+/v\d{6} \(update 2, 2 records, acceptance head\)", chat.banner), chat.banner  # its adapter and head
     chat.one_error(STORY, "too long", "56")  # 55 Qwen tokens + 16 > 56
     chat.one_error("/target builtin:nope", "unknown model spec")
     switched = chat.send("/target builtin:gemma3-270m")

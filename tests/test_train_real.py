@@ -111,6 +111,21 @@ def test_acceptance_head_learns_reloads_and_only_shortens_drafts(pipe, examples,
 
 
 @pytest.mark.real
+def test_head_replay_refits_on_earlier_prompts(pipe, examples):
+    """Algorithm 4's buffer R: the last N prompts before Q join the head's fit, relabelled."""
+    heads = {}
+    for replay in (0, 2):
+        distiller = Distiller(copy.deepcopy(pipe.drafter_model), pipe.decoder.bridge.dm_mask,
+                              TrainConfig(distill=False, head_replay=replay, seed=3))
+        distiller.update(examples[:2])
+        distiller.update(examples[2:])
+        assert len(distiller._head_memory) == replay and (not replay or distiller._head_memory[-1] is examples[-1])
+        heads[replay] = distiller.head_state()
+    first = heads[0]["mlp.0.weight"]
+    assert not torch.allclose(first, heads[2]["mlp.0.weight"])  # the replayed prompts changed the fit
+
+
+@pytest.mark.real
 def test_adapter_for_another_pair_is_refused(pipe, examples, tmp_path):
     distiller = Distiller(copy.deepcopy(pipe.drafter_model), pipe.decoder.bridge.dm_mask, TrainConfig())
     other = adapter_store.Identity("0" * 16, pipe.adapter_slot.identity.target_vocab, pipe.adapter_slot.identity.drafter_arch)

@@ -265,6 +265,8 @@ def _train_extras(train: dict) -> str:
     extras = [f"{train['epochs']} passes per update"] if train.get("epochs", 1) != 1 else []
     if train.get("target_temperature", 1.0) != 1.0:
         extras.append(f"p sharpened to T = {train['target_temperature']:g}")
+    if train.get("head_replay"):
+        extras.append(f"head re-fits on the previous {train['head_replay']} prompts")
     return "".join(f", {e}" for e in extras)
 
 
@@ -330,6 +332,9 @@ def plot(out_dir: Path, result: dict, meta: dict) -> Path:
                         ys.append(p["modes"][mode][key])
                 ax.plot(xs, ys, marker="o", label=LOSS_LABEL[mode])
             ax.axhline(base.get(key) or 0, color="#999", ls="--", lw=0.8, label=LOSS_LABEL["none"])
+            confident = _rows_at(result, 0, set_name).get("none+confidence")
+            if confident:
+                ax.axhline(confident[key], color="#555", ls=":", lw=1.0, label=LOSS_LABEL["none+confidence"])
             if meta.get("shift_at"):
                 ax.axvline(meta["shift_at"], color="r", lw=0.8, ls=":", label="stream switches set")
             ax.set_xlabel("stream prompts seen")

@@ -51,6 +51,9 @@ def add_train_args(parser: argparse.ArgumentParser, interval: int = DEFAULT_INTE
                    help=f"passes of the head over each update's positions (default {d.head_epochs})")
     g.add_argument("--head-reject-weight", type=float, default=d.head_reject_weight,
                    help=f"BCE weight of rejected tokens (default {d.head_reject_weight:g}: calibrated probabilities)")
+    g.add_argument("--head-replay", type=int, default=d.head_replay,
+                   help="the head also re-fits on this many earlier prompts, relabelled by the updated drafter "
+                        "(Algorithm 4's buffer R; default 0: Algorithm 3)")
     g.add_argument("--top-k", type=int, default=DEFAULT_TOP_K, help=f"target log-probs kept per position (default {DEFAULT_TOP_K})")
 
 
@@ -62,7 +65,8 @@ def train_config(args: argparse.Namespace):
     config = TrainConfig(loss=getattr(args, "loss", "hybrid"), ngram_weight=args.ngram_weight, lam=args.lam, lr=args.lr,
                          batch_size=args.batch_size, rank=args.rank, alpha=args.alpha, epochs=args.epochs,
                          target_temperature=args.target_temperature, head=args.head, head_lr=args.head_lr,
-                         head_epochs=args.head_epochs, head_reject_weight=args.head_reject_weight)
+                         head_epochs=args.head_epochs, head_reject_weight=args.head_reject_weight,
+                         head_replay=args.head_replay)
     try:
         config.validate()
     except ValueError as exc:

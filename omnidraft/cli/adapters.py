@@ -96,14 +96,16 @@ def cmd_show(args: argparse.Namespace) -> int:
     if row.get("train_config"):
         cfg = row["train_config"]
         print(f"{'training':13s} loss {cfg['loss']} (n-gram weight {cfg['ngram_weight']}, λ {cfg['lam']}), lr {cfg['lr']}, "
-              f"rank {cfg['rank']}, alpha {cfg['alpha']}, batch {cfg['batch_size']}")
+              f"rank {cfg['rank']}, alpha {cfg['alpha']}, batch {cfg['batch_size']}"
+              + (f"; acceptance head lr {cfg['head_lr']}, {cfg['head_epochs']} passes" if cfg.get("head") else ""))
     history = row.get("history", [])
     if history:
         print("recent updates (measured on each update's own prompts, before its optimizer steps):")
-        print("  loss     dm KL    n-gram NLL  exp. acceptance  top-1   tokens  seconds")
+        print("  loss     dm KL    n-gram NLL  exp. acceptance  top-1   tokens  head AUC  seconds")
         for h in history[-10:]:
+            auc = f"{h['head_auc']:.3f}" if h.get("head_positions") else "  –  "  # adapters from before the head
             print(f"  {h['loss']:.4f}  {h['dm_kl']:.4f}  {h['ngram_nll']:.4f}      {h['expected_acceptance']:.3f}"
-                  f"            {h['top1_agreement']:.3f}   {h['dm_tokens'] + h['ngram_tokens']:6d}  {h['seconds']:.1f}")
+                  f"            {h['top1_agreement']:.3f}   {h['dm_tokens'] + h['ngram_tokens']:6d}  {auc}     {h['seconds']:.1f}")
     return 0
 
 

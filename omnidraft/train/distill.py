@@ -59,6 +59,10 @@ class TrainConfig:
     head_lr: float = 1e-3
     head_epochs: int = 4  # passes over Q's positions per update: the head is tiny, its passes cheap
     head_reject_weight: float = 1.0  # BCE weight of rejected tokens (1: calibrated, see accept_head)
+    # Algorithm 4's larger head buffer R: the head also re-fits on the previous N prompts, relabelled
+    # by the updated drafter (0: Algorithm 3, the buffer Q only). Folded into the update, so the
+    # published head always matches the published drafter.
+    head_replay: int = 0
 
     def validate(self) -> None:
         if self.loss not in LOSS_KINDS:
@@ -68,8 +72,8 @@ class TrainConfig:
         if self.lr <= 0 or self.batch_size < 1 or self.rank < 1 or self.alpha <= 0 or self.lam < 0 or self.epochs < 1 \
                 or self.target_temperature <= 0:
             raise ValueError("lr, alpha, target temperature must be > 0, batch size, epochs and rank >= 1, lambda >= 0")
-        if self.head_lr <= 0 or self.head_epochs < 1 or self.head_reject_weight <= 0:
-            raise ValueError("head lr and reject weight must be > 0, head epochs >= 1")
+        if self.head_lr <= 0 or self.head_epochs < 1 or self.head_reject_weight <= 0 or self.head_replay < 0:
+            raise ValueError("head lr and reject weight must be > 0, head epochs >= 1, head replay >= 0")
 
     @property
     def loss_config(self) -> LossConfig:
@@ -125,6 +129,7 @@ class Distiller:
                                 else accept_head.AcceptHead(hidden_size))
             self.head_optimizer = torch.optim.AdamW(self.accept_head.parameters(), lr=config.head_lr,
                                                     weight_decay=config.weight_decay)
+        self._head_memory: list[Example] = []  # R of Algorithm 4: the last ``head_replay`` prompts before Q
 
     def state(self) -> dict[str, torch.Tensor]:
         return lora.lora_state(self.model)
@@ -142,7 +147,9 @@ class Distiller:
             order += one_pass
         metrics = self._run(order, pause, train=True) if self.config.distill else UpdateMetrics(examples=len(order))
         if self.accept_head is not None:  # Algorithm 3, lines 9-10: labels from the updated drafter
-            self._head_pass(list(examples), pause, metrics, train=True)
+            self._head_pass(list(examples), pause, metrics, train=True, replay=self._head_memory)
+            if self.config.head_replay:
+                self._head_memory = (self._head_memory + list(examples))[-self.config.head_replay:]
         return metrics
 
     @torch.no_grad()
@@ -153,8 +160,10 @@ class Distiller:
             self._head_pass(list(examples), lambda: None, metrics, train=False)
         return metrics
 
-    def _head_pass(self, examples: list[Example], pause: Callable[[], None], metrics: UpdateMetrics, train: bool) -> None:
-        """Score the head on Q's emitted positions, then (``train``) fit it for ``head_epochs`` passes."""
+    def _head_pass(self, examples: list[Example], pause: Callable[[], None], metrics: UpdateMetrics, train: bool,
+                   replay: Sequence[Example] = ()) -> None:
+        """Score the head on Q's emitted positions, then (``train``) fit it for ``head_epochs`` passes
+        on them and on the ``replay`` prompts, all labelled by the current drafter."""
         start = time.perf_counter()
         feats, labels = self.head_data(examples, pause)
         if not len(labels):
@@ -166,6 +175,9 @@ class Distiller:
         metrics.accept_label_mean = float(labels.mean())
         metrics.head_auc = _auc(scores, labels)
         if train:
+            if replay:
+                old_feats, old_labels = self.head_data(replay, pause)
+                feats, labels = torch.cat([feats, old_feats]), torch.cat([labels, old_labels])
             self._fit_head(feats, labels, pause)
         metrics.seconds += time.perf_counter() - start
 
