@@ -7,13 +7,12 @@ import math
 
 import pytest
 import torch
-from tiny import DRAFTER_CORPUS, tiny_model, tiny_tokenizer
+from tiny import tiny_model, tiny_pair
 
 from omnidraft.config import DecodeConfig
 from omnidraft.decode import SpeculativeDecoder
 from omnidraft.errors import OmnidraftError
-from omnidraft.runtime import build_bridge, make_drafter
-from omnidraft.target import LocalTarget
+from omnidraft.runtime import make_drafter
 from omnidraft.train import accept_head, adapter_store
 from omnidraft.train.distill import _auc
 
@@ -95,10 +94,7 @@ def test_adapter_store_keeps_the_head_and_flags_a_corrupt_one(tmp_path):
 
 @pytest.fixture(scope="module")
 def decoder():
-    d_tok, t_tok = tiny_tokenizer(330, DRAFTER_CORPUS), tiny_tokenizer(420)
-    d_model, t_model = tiny_model(len(d_tok), seed=1), tiny_model(len(t_tok), seed=2)
-    target = LocalTarget(t_model, t_tok)
-    bridge = build_bridge(d_model, d_tok, t_model, t_tok)
+    d_model, target, bridge = tiny_pair()
     return SpeculativeDecoder(target, make_drafter(d_model, bridge, target), bridge)
 
 

@@ -12,7 +12,7 @@ from fractions import Fraction
 import pytest
 from conftest import DRAFTER, TEST_HOME
 from test_cli import assert_one_line_error, omnidraft
-from tiny import DRAFTER_CORPUS, tiny_model, tiny_tokenizer
+from tiny import DRAFTER_CORPUS, tiny_pair, tiny_tokenizer
 
 from omnidraft.bench.cache_ablation import (
     FULL,
@@ -42,8 +42,7 @@ from omnidraft.bench.runner import PromptRun, summarize
 from omnidraft.config import DecodeConfig
 from omnidraft.errors import OmnidraftError
 from omnidraft.ngram import NgramTrie
-from omnidraft.runtime import build_bridge, make_drafter
-from omnidraft.target import LocalTarget
+from omnidraft.runtime import make_drafter
 
 PAIR = "0123456789ab-ba9876543210"
 
@@ -176,10 +175,7 @@ def test_write_ablation_files(tmp_path):
 def test_drafter_root_mask_follows_the_cache_it_is_given():
     """One drafter serves every configuration; two caches with equal versions/lengths but
     different keys must not share the memo of non-direct-mapped first sub-tokens."""
-    d_tok, t_tok = tiny_tokenizer(330, DRAFTER_CORPUS), tiny_tokenizer(420)
-    d_model, t_model = tiny_model(len(d_tok), seed=1), tiny_model(len(t_tok), seed=2)
-    target = LocalTarget(t_model, t_tok)
-    bridge = build_bridge(d_model, d_tok, t_model, t_tok)
+    d_model, target, bridge = tiny_pair()
     drafter = make_drafter(d_model, bridge, target)
     unmapped = [d for d, t in enumerate(bridge.d2t_list) if t < 0 and d < len(drafter.dm_bias)][:2]
     assert len(unmapped) == 2
@@ -257,6 +253,7 @@ def test_cache_ablation_cli_smoke(tmp_path):
     # --out would show up in it (other test runs may be using the shared home's cache_store).
     home = tmp_path / "home"
     home.mkdir()
+    (TEST_HOME / "models").mkdir(exist_ok=True)  # run alone on a fresh clone, nothing has made it yet
     (home / "models").symlink_to(TEST_HOME / "models", target_is_directory=True)
     env = dict(os.environ, OMNIDRAFT_HOME=str(home))
     proc = subprocess.run([sys.executable, "-m", "omnidraft", "bench", "--ablation", "cache", "--drafter", DRAFTER,

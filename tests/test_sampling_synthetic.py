@@ -10,11 +10,11 @@ from __future__ import annotations
 import pytest
 import torch
 from scipy.stats import chisquare
-from tiny import DRAFTER_CORPUS, tiny_model, tiny_tokenizer
+from tiny import tiny_pair
 
 from omnidraft.decode import DecodeConfig, SpeculativeDecoder
 from omnidraft.ngram import NgramTrie
-from omnidraft.runtime import build_bridge, make_drafter
+from omnidraft.runtime import make_drafter
 from omnidraft.target import LocalTarget
 from omnidraft.verify import probs_from_logits
 
@@ -24,11 +24,8 @@ TEMPERATURE = 0.8
 
 @pytest.fixture(scope="module")
 def pair():
-    d_tok, t_tok = tiny_tokenizer(330, DRAFTER_CORPUS), tiny_tokenizer(420)
-    d_model, t_model = tiny_model(len(d_tok), seed=1), tiny_model(len(t_tok), seed=2)
-    target = LocalTarget(t_model, t_tok)
-    bridge = build_bridge(d_model, d_tok, t_model, t_tok)
-    assert 256 < bridge.intersection_size < len(d_tok)  # different vocabularies, shared bytes
+    d_model, target, bridge = tiny_pair()
+    assert 256 < bridge.intersection_size < len(bridge.drafter_tokenizer)  # different vocabularies, shared bytes
     return d_model, target, bridge
 
 

@@ -39,3 +39,14 @@ def tiny_model(vocab_size: int, seed: int, sharpness: float = 8.0) -> LlamaForCa
 
 # A drafter vocabulary trained on a differently weighted corpus: its merges differ from the target's.
 DRAFTER_CORPUS = CORPUS[1::4] * 3 + CORPUS[3::4]
+
+
+def tiny_pair():
+    """(drafter model, target, bridge) of the standard tiny pair: different vocabularies, shared bytes."""
+    from omnidraft.runtime import build_bridge
+    from omnidraft.target import LocalTarget
+
+    d_tok, t_tok = tiny_tokenizer(330, DRAFTER_CORPUS), tiny_tokenizer(420)
+    d_model, t_model = tiny_model(len(d_tok), seed=1), tiny_model(len(t_tok), seed=2)
+    target = LocalTarget(t_model, t_tok)
+    return d_model, target, build_bridge(d_model, d_tok, t_model, t_tok)
