@@ -47,6 +47,15 @@ def test_coarse_kl_lumps_the_rest_and_never_exceeds_the_exact_kl():
     assert kl.item() < exact
 
 
+def test_forward_kl_and_tvd_on_the_same_coarse_buckets():
+    # q_I = (0.25, 0.75), p_I = (0.125, 0.875), as in the exact reverse-KL test above.
+    logq = intersection_log_probs(_logits([0.25, 0.75, 0.0]), torch.tensor([True, True, False]))
+    args = (logq, torch.tensor([[[1], [0]]]), torch.tensor([[math.log(0.7), math.log(0.1)]]), torch.tensor([math.log(0.8)]))
+    forward = 0.125 * math.log(0.125 / 0.25) + 0.875 * math.log(0.875 / 0.75)
+    assert coarse_reverse_kl(*args, divergence="forward-kl").item() == pytest.approx(forward, abs=1e-6)
+    assert coarse_reverse_kl(*args, divergence="tvd").item() == pytest.approx(0.125, abs=1e-6)  # ½(0.125 + 0.125)
+
+
 def test_target_temperature_sharpens_p_before_the_kl():
     # Full top-k (no rest): p_I = (0.125, 0.875) at T = 0.5 becomes (0.125², 0.875²) / Z.
     logq = intersection_log_probs(_logits([0.25, 0.75, 0.0]), torch.tensor([True, True, False]))
@@ -94,3 +103,14 @@ def test_hybrid_loss_weights():
     assert hybrid_loss(dm_kl, nll, logp_t, LossConfig("hybrid", "target-prob")).item() == pytest.approx((0.4 + 0.5 + 0.5) / 4)
     total, count = hybrid_loss_sum(dm_kl, nll, logp_t, LossConfig("dm"))
     assert count == 2 and total.item() == pytest.approx(0.4)
+
+
+def test_straddling_tokens_join_the_mean_only_with_a_span_weight():
+    dm_kl, nll, logp_t = torch.tensor([0.1, 0.3]), torch.tensor([1.0, 2.0]), torch.log(torch.tensor([0.5, 0.25]))
+    span = torch.tensor([4.0])
+    hybrid = LossConfig("hybrid", "const", 0.2)
+    assert hybrid_loss(dm_kl, nll, logp_t, hybrid, span).item() == pytest.approx((0.4 + 0.2 * 3) / 4)  # weight 0: eq. (4)
+    with_span = LossConfig("hybrid", "const", 0.2, span_weight=0.5)
+    assert hybrid_loss(dm_kl, nll, logp_t, with_span, span).item() == pytest.approx((0.4 + 0.2 * 3 + 0.5 * 4) / 5)
+    total, count = hybrid_loss_sum(dm_kl, nll, logp_t, LossConfig("dm", span_weight=0.5), span)
+    assert count == 3 and total.item() == pytest.approx(0.4 + 2.0)

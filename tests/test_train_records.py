@@ -16,6 +16,7 @@ from omnidraft.train.records import (
     KIND_DM,
     KIND_NGRAM,
     KIND_NONE,
+    KIND_SPAN,
     Recorder,
     align,
     preimage_table,
@@ -69,10 +70,12 @@ def _check_alignment(bridge, emitted):
         assert set(kinds) <= {KIND_NONE, KIND_DM} and all(bridge.target_bytes(emitted[r]) is None for r, k in zip(rows, kinds) if k == KIND_DM)
         return tokens, kinds, rows
     assert drafted_bytes == text  # the drafter tokens tile the text
+    if len(plain) == len(emitted):  # one run of text: straddlers as an independent rule finds them
+        assert [k == KIND_SPAN for k in kinds] == [k == KIND_SPAN for k in _span_kinds(bridge, plain)[1]]
     for row, group in itertools.groupby(range(len(tokens)), key=lambda j: (rows[j], kinds[j])):
         idx = list(group)
         target_row, kind = row
-        if kind == KIND_NONE:
+        if kind in (KIND_NONE, KIND_SPAN):
             continue
         data = b"".join(bridge.drafter_bytes(tokens[j]) or b"" for j in idx)
         if kind == KIND_DM:
@@ -86,6 +89,43 @@ def _check_alignment(bridge, emitted):
             assert kind == KIND_NGRAM and len(idx) >= 2
             assert data == bridge.target_bytes(emitted[target_row])
     return tokens, kinds, rows
+
+
+def _span_kinds(bridge, plain: list[int]) -> tuple[list[int], list[int]]:
+    """Independently of ``align``: a drafter token straddles (KIND_SPAN) when a target boundary lies
+    strictly inside it, or when the target token around it does not start and end on drafter
+    boundaries (so no exact tiling labels it)."""
+    text = b"".join(bridge.target_bytes(t) for t in plain)
+    t_bounds = list(itertools.accumulate(len(bridge.target_bytes(t)) for t in plain))
+    tokens = bridge.drafter_encode(text)
+    d_ends = list(itertools.accumulate(len(bridge.drafter_bytes(t) or b"") for t in tokens))
+    d_bounds = {0, *d_ends}
+    kinds = []
+    for start, end in zip([0] + d_ends[:-1], d_ends):
+        inside = any(start < b < end for b in t_bounds)
+        lo = max([0] + [b for b in t_bounds if b <= start])
+        hi = min(b for b in t_bounds if b >= end)
+        kinds.append(KIND_SPAN if inside or lo not in d_bounds or hi not in d_bounds else KIND_DM)
+    return tokens, kinds
+
+
+@pytest.mark.real
+def test_code_line_breaks_are_span_tokens_and_reach_the_example(bridge):
+    tok = bridge.target_tokenizer
+    emitted = tok.encode("def f(x):\n    if x:\n        return x\n    return 0", add_special_tokens=False)
+    tokens, kinds, _ = _check_alignment(bridge, emitted)
+    expected_tokens, expected = _span_kinds(bridge, emitted)
+    assert tokens == expected_tokens
+    spans = [j for j, k in enumerate(kinds) if k == KIND_SPAN]
+    assert spans == [j for j, k in enumerate(expected) if k == KIND_SPAN]
+    prompt = tok.encode("Write f.", add_special_tokens=False)
+    preimages, _ = preimage_table(bridge)
+    ex = to_example(_fake_record(bridge, prompt, emitted, 4), bridge, preimages)
+    base = len(bridge.target_to_drafter(prompt))
+    assert ex.span_pos.tolist() == [base + j for j in spans]
+    if bridge.target_tokenizer.decode(tok.encode(":\n", add_special_tokens=False)[:1]) == ":\n":
+        # Qwen spells ':\n' as one token, SmolLM2 spells ':' then '\n' + indent: a line break straddles
+        assert any(bridge.drafter_bytes(tokens[j]).startswith(b"\n ") for j in spans)
 
 
 @pytest.mark.real

@@ -265,6 +265,8 @@ def _train_extras(train: dict) -> str:
     extras = [f"{train['epochs']} passes per update"] if train.get("epochs", 1) != 1 else []
     if train.get("target_temperature", 1.0) != 1.0:
         extras.append(f"p sharpened to T = {train['target_temperature']:g}")
+    if train.get("span_weight"):
+        extras.append(f"straddling tokens' NLL × {train['span_weight']:g}")
     if train.get("head_replay"):
         extras.append(f"head re-fits on the previous {train['head_replay']} prompts")
     return "".join(f", {e}" for e in extras)

@@ -36,6 +36,9 @@ def add_train_args(parser: argparse.ArgumentParser, interval: int = DEFAULT_INTE
     g.add_argument("--ngram-weight", choices=NGRAM_WEIGHTS, default=d.ngram_weight,
                    help="weight of the n-gram NLL: const (λ) or target-prob (the verified p(t))")
     g.add_argument("--lambda", dest="lam", type=float, default=d.lam, help=f"λ for --ngram-weight const (default {d.lam})")
+    g.add_argument("--span-weight", type=float, default=d.span_weight,
+                   help="NLL weight on drafter tokens that straddle a target-token boundary (code line breaks; "
+                        f"not in eq. (4), default {d.span_weight:g}: off)")
     g.add_argument("--lr", type=float, default=d.lr, help=f"AdamW learning rate, constant (default {d.lr})")
     g.add_argument("--batch-size", type=int, default=d.batch_size, help=f"prompts per optimizer step (default {d.batch_size})")
     g.add_argument("--epochs", type=int, default=d.epochs,
@@ -62,7 +65,7 @@ def train_config(args: argparse.Namespace):
 
     if args.interval < 1 or args.top_k < 1:
         raise OmnidraftError("--interval and --top-k must be at least 1")
-    config = TrainConfig(loss=getattr(args, "loss", "hybrid"), ngram_weight=args.ngram_weight, lam=args.lam, lr=args.lr,
+    config = TrainConfig(loss=getattr(args, "loss", "hybrid"), ngram_weight=args.ngram_weight, lam=args.lam, span_weight=args.span_weight, lr=args.lr,
                          batch_size=args.batch_size, rank=args.rank, alpha=args.alpha, epochs=args.epochs,
                          target_temperature=args.target_temperature, head=args.head, head_lr=args.head_lr,
                          head_epochs=args.head_epochs, head_reject_weight=args.head_reject_weight,

@@ -25,6 +25,7 @@ import torch
 
 from omnidraft.train import accept_head, lora
 from omnidraft.train.loss import (
+    DIVERGENCES,
     LOSS_KINDS,
     NGRAM_WEIGHTS,
     LossConfig,
@@ -43,6 +44,7 @@ class TrainConfig:
     loss: str = "hybrid"
     ngram_weight: str = "const"
     lam: float = 0.2
+    span_weight: float = 0.0  # NLL weight on drafter tokens straddling a target boundary (0: eq. (4) as written)
     lr: float = 1e-4
     weight_decay: float = 0.01
     batch_size: int = 8
@@ -50,6 +52,8 @@ class TrainConfig:
     epochs: int = 1  # passes over the buffer Q per update (Alg. 2 line 8 makes one)
     rank: int = lora.DEFAULT_RANK
     alpha: float = lora.DEFAULT_ALPHA
+    lm_head: bool = False  # LoRA on the output layer too
+    divergence: str = "reverse-kl"  # at DM positions: eq. (4)'s KL(q' ‖ p), or forward-kl / tvd
     micro_tokens: int = 2048  # tokens per forward/backward between two yield points
     max_grad_norm: float = 1.0
     seed: int = 0
@@ -70,14 +74,17 @@ class TrainConfig:
         if self.ngram_weight not in NGRAM_WEIGHTS:
             raise ValueError(f"unknown n-gram weight {self.ngram_weight!r}; choose one of {', '.join(NGRAM_WEIGHTS)}")
         if self.lr <= 0 or self.batch_size < 1 or self.rank < 1 or self.alpha <= 0 or self.lam < 0 or self.epochs < 1 \
-                or self.target_temperature <= 0:
-            raise ValueError("lr, alpha, target temperature must be > 0, batch size, epochs and rank >= 1, lambda >= 0")
+                or self.target_temperature <= 0 or self.span_weight < 0:
+            raise ValueError("lr, alpha, target temperature must be > 0, batch size, epochs and rank >= 1, "
+                             "lambda and span weight >= 0")
+        if self.divergence not in DIVERGENCES:
+            raise ValueError(f"unknown divergence {self.divergence!r}; choose one of {', '.join(DIVERGENCES)}")
         if self.head_lr <= 0 or self.head_epochs < 1 or self.head_reject_weight <= 0 or self.head_replay < 0:
             raise ValueError("head lr and reject weight must be > 0, head epochs >= 1, head replay >= 0")
 
     @property
     def loss_config(self) -> LossConfig:
-        return LossConfig(self.loss, self.ngram_weight, self.lam)
+        return LossConfig(self.loss, self.ngram_weight, self.lam, self.span_weight)
 
     @property
     def scaling(self) -> float:
@@ -92,9 +99,11 @@ class UpdateMetrics:
     steps: int = 0
     dm_tokens: int = 0
     ngram_tokens: int = 0
+    span_tokens: int = 0  # straddling drafter tokens trained on (only with span_weight > 0)
     loss: float = 0.0  # mean over the update's labelled tokens
     dm_kl: float = 0.0  # mean reverse KL at DM positions
     ngram_nll: float = 0.0  # mean NLL of n-gram sub-tokens
+    span_nll: float = 0.0  # mean NLL of straddling tokens (only with span_weight > 0)
     expected_acceptance: float = 0.0  # mean min(1, p(t)/q'(t)) at DM positions (Alg. 3, line 9)
     top1_agreement: float = 0.0  # share of DM positions where the drafter's argmax is the target's token
     head_positions: int = 0  # emitted positions the acceptance head saw
@@ -116,7 +125,7 @@ class Distiller:
         config.validate()
         self.config = config
         self.dm_mask = dm_mask.bool()
-        self.model = lora.attach(model.float(), lora.lora_config(config.rank, config.alpha), state)
+        self.model = lora.attach(model.float(), lora.lora_config(config.rank, config.alpha, config.lm_head), state)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.params, lr=config.lr, weight_decay=config.weight_decay)
         self._rng = random.Random(config.seed)
@@ -214,7 +223,7 @@ class Distiller:
 
     def _run(self, order: list[Example], pause: Callable[[], None], train: bool) -> UpdateMetrics:
         start = time.perf_counter()
-        sums = dict.fromkeys(("loss", "kl", "nll", "acc", "top1"), 0.0)
+        sums = dict.fromkeys(("loss", "kl", "nll", "span_nll", "acc", "top1"), 0.0)
         metrics = UpdateMetrics(examples=len(order))
         self.model.train(train)
         for b in range(0, len(order), self.config.batch_size):
@@ -232,41 +241,47 @@ class Distiller:
                     sums[key] += parts[key]
                 metrics.dm_tokens += parts["dm"]
                 metrics.ngram_tokens += parts["ng"]
+                metrics.span_tokens += parts["span"]
             if train:
                 torch.nn.utils.clip_grad_norm_(self.params, self.config.max_grad_norm)
                 self.optimizer.step()
                 metrics.steps += 1
         self.model.eval()
-        labelled = metrics.dm_tokens + (metrics.ngram_tokens if self.config.loss == "hybrid" else 0)
+        labelled = metrics.dm_tokens + (metrics.ngram_tokens if self.config.loss == "hybrid" else 0) + metrics.span_tokens
         metrics.loss = sums["loss"] / max(labelled, 1)
         metrics.dm_kl = sums["kl"] / max(metrics.dm_tokens, 1)
         metrics.ngram_nll = sums["nll"] / max(metrics.ngram_tokens, 1)
+        metrics.span_nll = sums["span_nll"] / max(metrics.span_tokens, 1)
         metrics.expected_acceptance = sums["acc"] / max(metrics.dm_tokens, 1)
         metrics.top1_agreement = sums["top1"] / max(metrics.dm_tokens, 1)
         metrics.seconds = time.perf_counter() - start
         return metrics
 
     def _label_count(self, example: Example) -> int:
-        return len(example.dm_pos) + (len(example.ng_pos) if self.config.loss == "hybrid" else 0)
+        return (len(example.dm_pos) + (len(example.ng_pos) if self.config.loss == "hybrid" else 0)
+                + (len(example.span_pos) if self.config.span_weight > 0 else 0))
 
     def _loss(self, batch: list[Example]) -> tuple[torch.Tensor, dict]:
         """Summed loss of a micro-batch and its per-term sums (floats, for metrics)."""
-        hidden_dm, hidden_ng = self._hidden_before_labels(batch)
+        hidden_dm, hidden_ng, hidden_span = self._hidden_before_labels(batch, spans=self.config.span_weight > 0)
         cat = lambda name: torch.cat([getattr(e, name) for e in batch])
         logits_dm = self._head(hidden_dm)
         logq_i = intersection_log_probs(logits_dm, self.dm_mask)
         kl = coarse_reverse_kl(logq_i, cat("dm_topk"), cat("dm_topk_logp"), cat("dm_log_mass"),
-                                self.config.target_temperature)
+                                self.config.target_temperature, self.config.divergence)
         ng_tokens = torch.cat([e.input_ids[e.ng_pos] for e in batch])
         nll = ngram_nll(self._head(hidden_ng), ng_tokens) if len(ng_tokens) else kl.new_zeros(0)
-        total, _ = hybrid_loss_sum(kl, nll, cat("ng_logp_target"), self.config.loss_config)
+        span_tokens = torch.cat([e.input_ids[e.span_pos] for e in batch]) if hidden_span is not None else None
+        span_nll = ngram_nll(self._head(hidden_span), span_tokens) if span_tokens is not None and len(span_tokens) else None
+        total, _ = hybrid_loss_sum(kl, nll, cat("ng_logp_target"), self.config.loss_config, span_nll)
         with torch.no_grad():
             dm_tokens = torch.cat([e.input_ids[e.dm_pos] for e in batch])
             logq_tok = logq_i.gather(1, dm_tokens[:, None]).squeeze(1)
             accept = torch.minimum(torch.ones_like(logq_tok), (cat("dm_logp_emitted") - logq_tok).exp())
             parts = {"loss": float(total), "kl": float(kl.sum()), "nll": float(nll.sum()),
+                     "span_nll": float(span_nll.sum()) if span_nll is not None else 0.0,
                      "acc": float(accept.sum()), "top1": float((logq_i.argmax(-1) == dm_tokens).sum()),
-                     "dm": len(dm_tokens), "ng": len(ng_tokens)}
+                     "dm": len(dm_tokens), "ng": len(ng_tokens), "span": len(span_nll) if span_nll is not None else 0}
         return total, parts
 
     def _padded_hidden(self, batch: list[Example]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -279,13 +294,14 @@ class Distiller:
             mask[row, : len(e.input_ids)] = 1
         return self._inner(input_ids=ids, attention_mask=mask).last_hidden_state, ids
 
-    def _hidden_before_labels(self, batch: list[Example]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Final hidden states at the position before each DM / n-gram label, right-padded batch."""
+    def _hidden_before_labels(self, batch: list[Example], spans: bool = False
+                              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Final hidden states at the position before each DM / n-gram (/ straddling) label, right-padded batch."""
         hidden, _ = self._padded_hidden(batch)
         pick = lambda name: hidden[
             torch.cat([torch.full((len(getattr(e, name)),), r) for r, e in enumerate(batch)]).long(),
             torch.cat([getattr(e, name) - 1 for e in batch])]
-        return pick("dm_pos"), pick("ng_pos")
+        return pick("dm_pos"), pick("ng_pos"), pick("span_pos") if spans else None
 
     def _hidden_at_emitted(self, batch: list[Example]) -> tuple[torch.Tensor, torch.Tensor]:
         """Hidden states before each emitted drafter token and those tokens (the head's positions)."""

@@ -36,8 +36,8 @@ def intersection_log_probs(drafter_logits: torch.Tensor, dm_mask: torch.Tensor) 
 
 
 def coarse_reverse_kl(logq_i: torch.Tensor, topk_pre: torch.Tensor, topk_logp: torch.Tensor,
-                      log_mass: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """KL(q' ‖ p) per position over {top-k of p} ∪ {rest}, both restricted to the intersection.
+                      log_mass: torch.Tensor, temperature: float = 1.0, divergence: str = "reverse-kl") -> torch.Tensor:
+    """KL(q' ‖ p) (or another ``divergence``) per position over {top-k of p} ∪ {rest}, both restricted to the intersection.
 
     logq_i:    [N, V_d] drafter log-probs over the intersection (``intersection_log_probs``).
     topk_pre:  [N, k, M] drafter ids whose direct mapping is each top-k target token (-1 pads;
@@ -63,24 +63,46 @@ def coarse_reverse_kl(logq_i: torch.Tensor, topk_pre: torch.Tensor, topk_logp: t
     if temperature != 1.0:
         sharp = (torch.cat([logp_k, logp_rest[:, None]], 1) / temperature).log_softmax(-1).clamp_min(LOG_FLOOR)
         logp_k, logp_rest = sharp[:, :-1], sharp[:, -1]
-    kl_top = (logq_k.exp() * (logq_k - logp_k)).sum(-1)
-    kl_rest = logq_rest.exp() * (logq_rest - logp_rest)
-    return kl_top + kl_rest
+    logq = torch.cat([logq_k, logq_rest[:, None]], 1)
+    logp = torch.cat([logp_k, logp_rest[:, None]], 1)
+    return DIVERGENCES[divergence](logq, logp)
+
+
+def _reverse_kl(logq: torch.Tensor, logp: torch.Tensor) -> torch.Tensor:
+    """KL(q ‖ p), eq. (4)'s mode-seeking choice."""
+    return (logq.exp() * (logq - logp)).sum(-1)
+
+
+def _forward_kl(logq: torch.Tensor, logp: torch.Tensor) -> torch.Tensor:
+    """KL(p ‖ q), the mass-covering one (DistillSpec compares both)."""
+    return (logp.exp() * (logp - logq)).sum(-1)
+
+
+def _tvd(logq: torch.Tensor, logp: torch.Tensor) -> torch.Tensor:
+    """Total variation ½Σ|p − q|: one minus the sampling acceptance rate of Leviathan et al. (2023)."""
+    return 0.5 * (logp.exp() - logq.exp()).abs().sum(-1)
+
+
+DIVERGENCES = {"reverse-kl": _reverse_kl, "forward-kl": _forward_kl, "tvd": _tvd}
 
 
 def ngram_nll(drafter_logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-    """−log q_θ(d_i) over the full drafter vocabulary, per n-gram sub-token ([N])."""
+    """−log q_θ(d_i) over the full drafter vocabulary, per token ([N]): n-gram sub-tokens, and the
+    straddling tokens when they are trained on."""
     return -drafter_logits.float().log_softmax(-1).gather(1, tokens[:, None]).squeeze(1)
 
 
 @dataclass
 class LossConfig:
     """Which terms and weights: ``kind`` "dm" (L_DM only) or "hybrid" (eq. (3));
-    ``ngram_weight`` "const" (λ) or "target-prob" (the verified p(t) per n-gram token)."""
+    ``ngram_weight`` "const" (λ) or "target-prob" (the verified p(t) per n-gram token);
+    ``span_weight``: weight of the NLL on drafter tokens that straddle a target-token boundary
+    (``records.KIND_SPAN``; not in the paper, 0 = eq. (4) as written)."""
 
     kind: str = "hybrid"
     ngram_weight: str = "const"
     lam: float = 0.2
+    span_weight: float = 0.0
 
 
 LOSS_KINDS = ("dm", "hybrid")
@@ -88,20 +110,24 @@ NGRAM_WEIGHTS = ("const", "target-prob")
 
 
 def hybrid_loss_sum(dm_kl: torch.Tensor, ng_nll: torch.Tensor, ng_logp_target: torch.Tensor,
-                    config: LossConfig) -> tuple[torch.Tensor, int]:
+                    config: LossConfig, span_nll: torch.Tensor | None = None) -> tuple[torch.Tensor, int]:
     """Eq. (4) as (sum over labelled tokens, their count), so micro-batches add up to the batch mean.
 
     ``dm``: KL at DM positions only. ``hybrid``: KL at DM positions + weighted NLL at n-gram
-    sub-tokens, averaged over both kinds of labelled token.
+    sub-tokens, averaged over both kinds of labelled token. With ``span_weight`` > 0 the straddling
+    tokens' NLL (``span_nll``) joins as a third kind of labelled token.
     """
-    if config.kind == "dm":
-        return dm_kl.sum(), dm_kl.numel()
-    weight = ng_logp_target.exp() if config.ngram_weight == "target-prob" else torch.full_like(ng_nll, config.lam)
-    return dm_kl.sum() + (weight * ng_nll).sum(), dm_kl.numel() + ng_nll.numel()
+    total, count = dm_kl.sum(), dm_kl.numel()
+    if config.kind == "hybrid":
+        weight = ng_logp_target.exp() if config.ngram_weight == "target-prob" else torch.full_like(ng_nll, config.lam)
+        total, count = total + (weight * ng_nll).sum(), count + ng_nll.numel()
+    if config.span_weight > 0 and span_nll is not None:
+        total, count = total + config.span_weight * span_nll.sum(), count + span_nll.numel()
+    return total, count
 
 
 def hybrid_loss(dm_kl: torch.Tensor, ng_nll: torch.Tensor, ng_logp_target: torch.Tensor,
-                config: LossConfig) -> torch.Tensor:
+                config: LossConfig, span_nll: torch.Tensor | None = None) -> torch.Tensor:
     """Eq. (3)/(4): the mean over a batch's labelled tokens (0 when there is none)."""
-    total, count = hybrid_loss_sum(dm_kl, ng_nll, ng_logp_target, config)
+    total, count = hybrid_loss_sum(dm_kl, ng_nll, ng_logp_target, config, span_nll)
     return total / max(count, 1)

@@ -23,7 +23,7 @@ produces it), aligned with the target tokens by bytes, with the DM and n-gram ma
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -33,7 +33,10 @@ from omnidraft.vocab.bridge import VocabBridge
 DEFAULT_TOP_K = 64
 DEFAULT_MAX_LEN = 1024  # drafter tokens per training sequence; older context is cut on the left
 
-KIND_NONE, KIND_DM, KIND_NGRAM = 0, 1, 2
+# KIND_SPAN: a drafter token of the emitted text that straddles a target-token boundary (SmolLM2's
+# '\n' + indent after Qwen's '):\n'). No target row lines up with it, so eq. (4) has no term for it,
+# yet under text translation it is exactly what the drafter should propose there.
+KIND_NONE, KIND_DM, KIND_NGRAM, KIND_SPAN = 0, 1, 2, 3
 
 
 @dataclass
@@ -105,20 +108,22 @@ class Example:
     ng_logp_target: torch.Tensor  # [N_ng] log p of the n-gram's target token (the per-token weight)
     emitted_tokens: int  # target tokens the record covered
     emitted_start: int = 0  # index in ``input_ids`` of the first drafter token of the emitted text
+    span_pos: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.long))  # KIND_SPAN positions
 
     @property
     def labelled(self) -> int:
-        return len(self.dm_pos) + len(self.ng_pos)
+        return len(self.dm_pos) + len(self.ng_pos) + len(self.span_pos)
 
 
 def align(bridge: VocabBridge, emitted: Sequence[int]) -> tuple[list[int], list[int], list[int]]:
-    """Drafter tokens of the emitted text, with each one's kind (none/DM/n-gram) and target row.
+    """Drafter tokens of the emitted text, with each one's kind (none/DM/n-gram/span) and target row.
 
     Runs of ordinary text are re-tokenized as a whole by the drafter's tokenizer (what reverse
     translation converges to); a special target token maps by literal text. Then by bytes: a
     drafter token whose span equals one target token's span is DM; drafter tokens that exactly
-    tile one target token, n >= 2 of them, are that n-gram's sub-tokens; anything else (a drafter
-    token straddling a target boundary) carries no label.
+    tile one target token, n >= 2 of them, are that n-gram's sub-tokens; anything else is a drafter token
+    straddling a target boundary (KIND_SPAN) or, where the drafter cannot spell the run's bytes,
+    carries no label (KIND_NONE).
     """
     tokens: list[int] = []
     kinds: list[int] = []
@@ -167,6 +172,7 @@ def _align_run(bridge: VocabBridge, emitted: Sequence[int], lo: int, hi: int,
                 labels[j:last + 1] = [(kind, row)] * (last + 1 - j)
                 j = last + 1
             else:  # straddles a target boundary
+                labels[j] = (KIND_SPAN, -1)
                 j += 1
             start = ends[j - 1]
     tokens.extend(drafted)
@@ -199,7 +205,8 @@ def to_example(record: Record, bridge: VocabBridge, preimages: torch.Tensor,
     base = len(context) - cut  # index of the first emitted drafter token in ``ids``
     dm = [(base + j, rows[j]) for j, kind in enumerate(kinds) if kind == KIND_DM and base + j >= 1]
     ng = [(base + j, rows[j]) for j, kind in enumerate(kinds) if kind == KIND_NGRAM and base + j >= 1]
-    if not dm and not ng:
+    span = [base + j for j, kind in enumerate(kinds) if kind == KIND_SPAN and base + j >= 1]
+    if not dm and not ng and not span:
         return None
     dm_rows = torch.tensor([r for _, r in dm], dtype=torch.long)
     ng_rows = torch.tensor([r for _, r in ng], dtype=torch.long)
@@ -214,4 +221,5 @@ def to_example(record: Record, bridge: VocabBridge, preimages: torch.Tensor,
         ng_logp_target=record.logp_emitted[ng_rows],
         emitted_tokens=len(record),
         emitted_start=max(base, 0),
+        span_pos=torch.tensor(span, dtype=torch.long),
     )

@@ -1,0 +1,51 @@
+"""Distiller options on a tiny random drafter: which tokens each loss term trains on."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tiny import tiny_model
+
+from omnidraft.train.distill import Distiller, TrainConfig
+from omnidraft.train.records import Example
+
+VOCAB = 64
+
+
+def _example(seed: int, length: int = 24) -> Example:
+    """DM labels from position 8 on, two n-gram sub-tokens and two straddling tokens before them."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1, VOCAB, (length,), generator=g)
+    pos = torch.arange(8, length)
+    k = 4
+    return Example(input_ids=ids, dm_pos=pos, dm_topk=torch.randint(1, VOCAB, (len(pos), k, 1), generator=g),
+                   dm_topk_logp=torch.log(torch.full((len(pos), k), 0.2)), dm_log_mass=torch.zeros(len(pos)),
+                   dm_logp_emitted=torch.full((len(pos),), -1.0), ng_pos=torch.tensor([4, 5]),
+                   ng_logp_target=torch.tensor([-0.5, -0.5]), emitted_tokens=length - 4,
+                   emitted_start=4, span_pos=torch.tensor([6, 7]))
+
+
+def _distiller(**config) -> Distiller:
+    torch.manual_seed(0)
+    return Distiller(tiny_model(VOCAB, seed=3), torch.ones(VOCAB, dtype=torch.bool),
+                     TrainConfig(lr=1e-2, rank=4, alpha=4, batch_size=2, head=False, **config))
+
+
+def test_straddling_tokens_are_trained_only_with_a_span_weight():
+    examples = [_example(s) for s in range(4)]
+    assert _distiller().evaluate(examples).span_tokens == 0  # eq. (4) as written: no term for them
+    distiller = _distiller(span_weight=1.0)
+    before = distiller.evaluate(examples)
+    assert before.span_tokens == 8 and before.span_nll > 0
+    without = _distiller().evaluate(examples)
+    # the mean loss now averages three kinds of labelled token: 16 DM + 2 n-gram + 2 span per example
+    expected = (without.loss * 18 + before.span_nll * 2) / 20
+    assert before.loss == pytest.approx(expected, rel=1e-5)
+    for _ in range(5):
+        distiller.update(examples)
+    assert distiller.evaluate(examples).span_nll < before.span_nll
+
+
+def test_span_weight_is_validated():
+    with pytest.raises(ValueError, match="span weight"):
+        TrainConfig(span_weight=-1).validate()
