@@ -46,6 +46,18 @@ def test_straddling_tokens_are_trained_only_with_a_span_weight():
     assert distiller.evaluate(examples).span_nll < before.span_nll
 
 
-def test_span_weight_is_validated():
+def test_span_weight_and_divergence_are_validated():
     with pytest.raises(ValueError, match="span weight"):
         TrainConfig(span_weight=-1).validate()
+    with pytest.raises(ValueError, match="unknown divergence 'js'"):
+        TrainConfig(divergence="js").validate()
+
+
+def test_each_divergence_trains_the_drafter_towards_p():
+    examples = [_example(s) for s in range(4)]
+    for divergence in ("reverse-kl", "forward-kl", "tvd"):
+        distiller = _distiller(divergence=divergence)
+        before = distiller.evaluate(examples).dm_kl
+        for _ in range(3):
+            distiller.update(examples)
+        assert distiller.evaluate(examples).dm_kl < before, divergence

@@ -60,6 +60,7 @@ def test_markdown_reports_relative_change_against_the_untrained_drafter():
     assert "passes per update" not in md and "sharpened" not in md  # Algorithm 2's defaults go unnamed
     tuned = markdown(result, {**meta, "train": {**meta["train"], "epochs": 3, "target_temperature": 0.5}})
     assert "3 passes per update, p sharpened to T = 0.5" in tuned
+    assert "tvd at DM positions" in markdown(result, {**meta, "train": {**meta["train"], "divergence": "tvd"}})
     assert "straddling tokens' NLL × 0.2" in markdown(result, {**meta, "train": {**meta["train"], "span_weight": 0.2}})
     assert "head re-fits on the previous 16 prompts" in markdown(result, {**meta, "train": {**meta["train"], "head_replay": 16}})
     result["checkpoints"][1]["modes"]["hybrid+head"] = row(0.9, 1.9)

@@ -9,7 +9,7 @@ import torch
 
 from omnidraft.train.loss import (
     LossConfig,
-    coarse_reverse_kl,
+    coarse_divergence,
     hybrid_loss,
     hybrid_loss_sum,
     intersection_log_probs,
@@ -32,7 +32,7 @@ def test_coarse_kl_with_full_top_k_is_the_exact_reverse_kl():
     # where target 2 has no drafter partner, so p_I = (0.125, 0.875).
     logq = intersection_log_probs(_logits([0.25, 0.75, 0.0]), torch.tensor([True, True, False]))
     pre = torch.tensor([[[1], [0]]])  # top-2 target tokens (1, 0) and their drafter preimages
-    kl = coarse_reverse_kl(logq, pre, torch.tensor([[math.log(0.7), math.log(0.1)]]), torch.tensor([math.log(0.8)]))
+    kl = coarse_divergence(logq, pre, torch.tensor([[math.log(0.7), math.log(0.1)]]), torch.tensor([math.log(0.8)]))
     expected = 0.25 * math.log(0.25 / 0.125) + 0.75 * math.log(0.75 / 0.875)
     assert kl.item() == pytest.approx(expected, abs=1e-6)
 
@@ -40,7 +40,7 @@ def test_coarse_kl_with_full_top_k_is_the_exact_reverse_kl():
 def test_coarse_kl_lumps_the_rest_and_never_exceeds_the_exact_kl():
     # q_I = (0.5, 0.3, 0.2), p_I = (0.6, 0.3, 0.1) (p's intersection mass 1), top-1 = token 0.
     logq = intersection_log_probs(_logits([0.5, 0.3, 0.2]), torch.tensor([True, True, True]))
-    kl = coarse_reverse_kl(logq, torch.tensor([[[0]]]), torch.tensor([[math.log(0.6)]]), torch.tensor([0.0]))
+    kl = coarse_divergence(logq, torch.tensor([[[0]]]), torch.tensor([[math.log(0.6)]]), torch.tensor([0.0]))
     coarse = 0.5 * math.log(0.5 / 0.6) + 0.5 * math.log(0.5 / 0.4)
     exact = 0.5 * math.log(0.5 / 0.6) + 0.3 * math.log(0.3 / 0.3) + 0.2 * math.log(0.2 / 0.1)
     assert kl.item() == pytest.approx(coarse, abs=1e-6)
@@ -52,8 +52,8 @@ def test_forward_kl_and_tvd_on_the_same_coarse_buckets():
     logq = intersection_log_probs(_logits([0.25, 0.75, 0.0]), torch.tensor([True, True, False]))
     args = (logq, torch.tensor([[[1], [0]]]), torch.tensor([[math.log(0.7), math.log(0.1)]]), torch.tensor([math.log(0.8)]))
     forward = 0.125 * math.log(0.125 / 0.25) + 0.875 * math.log(0.875 / 0.75)
-    assert coarse_reverse_kl(*args, divergence="forward-kl").item() == pytest.approx(forward, abs=1e-6)
-    assert coarse_reverse_kl(*args, divergence="tvd").item() == pytest.approx(0.125, abs=1e-6)  # ½(0.125 + 0.125)
+    assert coarse_divergence(*args, divergence="forward-kl").item() == pytest.approx(forward, abs=1e-6)
+    assert coarse_divergence(*args, divergence="tvd").item() == pytest.approx(0.125, abs=1e-6)  # ½(0.125 + 0.125)
 
 
 def test_target_temperature_sharpens_p_before_the_kl():
@@ -64,18 +64,18 @@ def test_target_temperature_sharpens_p_before_the_kl():
     z = 0.125 ** 2 + 0.875 ** 2
     p0, p1 = 0.125 ** 2 / z, 0.875 ** 2 / z
     expected = 0.25 * math.log(0.25 / p0) + 0.75 * math.log(0.75 / p1)
-    assert coarse_reverse_kl(*args, temperature=0.5).item() == pytest.approx(expected, abs=1e-5)
-    assert coarse_reverse_kl(*args, temperature=1.0).item() < coarse_reverse_kl(*args, temperature=0.5).item()
+    assert coarse_divergence(*args, temperature=0.5).item() == pytest.approx(expected, abs=1e-5)
+    assert coarse_divergence(*args, temperature=1.0).item() < coarse_divergence(*args, temperature=0.5).item()
 
 
 def test_several_drafter_tokens_for_one_target_token_add_up():
     # Drafter tokens 0 and 1 both spell target token T0; drafter 2 spells T1. q'(T0) = 0.2 + 0.3.
     logq = intersection_log_probs(_logits([0.2, 0.3, 0.5]), torch.tensor([True, True, True]))
     pre = torch.tensor([[[2, -1]]])  # top-1 target token is T1 (p_I = 0.6); M = 2 with a pad
-    kl = coarse_reverse_kl(logq, pre, torch.tensor([[math.log(0.6)]]), torch.tensor([0.0]))
+    kl = coarse_divergence(logq, pre, torch.tensor([[math.log(0.6)]]), torch.tensor([0.0]))
     assert kl.item() == pytest.approx(0.5 * math.log(0.5 / 0.6) + 0.5 * math.log(0.5 / 0.4), abs=1e-6)
     pre_t0 = torch.tensor([[[0, 1]]])  # top-1 is T0 with p_I = 0.5: q'(T0) = 0.5 matches exactly
-    kl0 = coarse_reverse_kl(logq, pre_t0, torch.tensor([[math.log(0.5)]]), torch.tensor([0.0]))
+    kl0 = coarse_divergence(logq, pre_t0, torch.tensor([[math.log(0.5)]]), torch.tensor([0.0]))
     assert kl0.item() == pytest.approx(0.0, abs=1e-6)
 
 
@@ -83,7 +83,7 @@ def test_kl_gradient_is_finite_with_masked_tokens_and_zero_mass():
     logits = torch.tensor([[0.0, 2.0, -1.0, 50.0]], requires_grad=True)
     logq = intersection_log_probs(logits, torch.tensor([True, True, True, False]))
     pre = torch.tensor([[[1], [0], [2]]])  # the whole intersection: p's rest mass is exactly 0
-    kl = coarse_reverse_kl(logq, pre, torch.log(torch.tensor([[0.7, 0.3, 0.0]])), torch.tensor([0.0]))
+    kl = coarse_divergence(logq, pre, torch.log(torch.tensor([[0.7, 0.3, 0.0]])), torch.tensor([0.0]))
     kl.sum().backward()
     assert torch.isfinite(kl).all() and torch.isfinite(logits.grad).all()
     assert logits.grad[0, 3] == 0  # a token outside the intersection gets no gradient from L_DM

@@ -265,6 +265,8 @@ def _train_extras(train: dict) -> str:
     extras = [f"{train['epochs']} passes per update"] if train.get("epochs", 1) != 1 else []
     if train.get("target_temperature", 1.0) != 1.0:
         extras.append(f"p sharpened to T = {train['target_temperature']:g}")
+    if train.get("divergence", "reverse-kl") != "reverse-kl":
+        extras.append(f"{train['divergence']} at DM positions")
     if train.get("span_weight"):
         extras.append(f"straddling tokens' NLL × {train['span_weight']:g}")
     if train.get("head_replay"):

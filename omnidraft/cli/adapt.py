@@ -25,7 +25,7 @@ def add_train_args(parser: argparse.ArgumentParser, interval: int = DEFAULT_INTE
     """Trainer options shared by adapt, chat and the online bench (defaults: OmniDraft Appendix A.2);
     ``loss=False`` leaves out --loss for a caller that compares losses itself."""
     from omnidraft.train.distill import TrainConfig
-    from omnidraft.train.loss import LOSS_KINDS, NGRAM_WEIGHTS
+    from omnidraft.train.loss import DIVERGENCES, LOSS_KINDS, NGRAM_WEIGHTS
     from omnidraft.train.records import DEFAULT_TOP_K
 
     d = TrainConfig()
@@ -43,6 +43,8 @@ def add_train_args(parser: argparse.ArgumentParser, interval: int = DEFAULT_INTE
     g.add_argument("--batch-size", type=int, default=d.batch_size, help=f"prompts per optimizer step (default {d.batch_size})")
     g.add_argument("--epochs", type=int, default=d.epochs,
                    help=f"passes over the buffer per update (default {d.epochs}, Algorithm 2)")
+    g.add_argument("--divergence", choices=DIVERGENCES, default=d.divergence,
+                   help="at DM positions: reverse-kl (eq. 4, default), forward-kl or tvd (one minus the sampling acceptance rate)")
     g.add_argument("--target-temperature", type=float, default=d.target_temperature,
                    help=f"distil towards the target's distribution sharpened to this temperature (default {d.target_temperature:g})")
     g.add_argument("--rank", type=int, default=d.rank, help=f"LoRA rank (default {d.rank})")
@@ -67,7 +69,7 @@ def train_config(args: argparse.Namespace):
         raise OmnidraftError("--interval and --top-k must be at least 1")
     config = TrainConfig(loss=getattr(args, "loss", "hybrid"), ngram_weight=args.ngram_weight, lam=args.lam, span_weight=args.span_weight, lr=args.lr,
                          batch_size=args.batch_size, rank=args.rank, alpha=args.alpha, epochs=args.epochs,
-                         target_temperature=args.target_temperature, head=args.head, head_lr=args.head_lr,
+                         target_temperature=args.target_temperature, divergence=args.divergence, head=args.head, head_lr=args.head_lr,
                          head_epochs=args.head_epochs, head_reject_weight=args.head_reject_weight,
                          head_replay=args.head_replay)
     try:

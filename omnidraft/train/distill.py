@@ -29,7 +29,7 @@ from omnidraft.train.loss import (
     LOSS_KINDS,
     NGRAM_WEIGHTS,
     LossConfig,
-    coarse_reverse_kl,
+    coarse_divergence,
     hybrid_loss_sum,
     intersection_log_probs,
     ngram_nll,
@@ -52,7 +52,6 @@ class TrainConfig:
     epochs: int = 1  # passes over the buffer Q per update (Alg. 2 line 8 makes one)
     rank: int = lora.DEFAULT_RANK
     alpha: float = lora.DEFAULT_ALPHA
-    lm_head: bool = False  # LoRA on the output layer too
     divergence: str = "reverse-kl"  # at DM positions: eq. (4)'s KL(q' ‖ p), or forward-kl / tvd
     micro_tokens: int = 2048  # tokens per forward/backward between two yield points
     max_grad_norm: float = 1.0
@@ -101,7 +100,7 @@ class UpdateMetrics:
     ngram_tokens: int = 0
     span_tokens: int = 0  # straddling drafter tokens trained on (only with span_weight > 0)
     loss: float = 0.0  # mean over the update's labelled tokens
-    dm_kl: float = 0.0  # mean reverse KL at DM positions
+    dm_kl: float = 0.0  # mean divergence at DM positions (reverse KL by default)
     ngram_nll: float = 0.0  # mean NLL of n-gram sub-tokens
     span_nll: float = 0.0  # mean NLL of straddling tokens (only with span_weight > 0)
     expected_acceptance: float = 0.0  # mean min(1, p(t)/q'(t)) at DM positions (Alg. 3, line 9)
@@ -125,7 +124,7 @@ class Distiller:
         config.validate()
         self.config = config
         self.dm_mask = dm_mask.bool()
-        self.model = lora.attach(model.float(), lora.lora_config(config.rank, config.alpha, config.lm_head), state)
+        self.model = lora.attach(model.float(), lora.lora_config(config.rank, config.alpha), state)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.params, lr=config.lr, weight_decay=config.weight_decay)
         self._rng = random.Random(config.seed)
@@ -267,7 +266,7 @@ class Distiller:
         cat = lambda name: torch.cat([getattr(e, name) for e in batch])
         logits_dm = self._head(hidden_dm)
         logq_i = intersection_log_probs(logits_dm, self.dm_mask)
-        kl = coarse_reverse_kl(logq_i, cat("dm_topk"), cat("dm_topk_logp"), cat("dm_log_mass"),
+        kl = coarse_divergence(logq_i, cat("dm_topk"), cat("dm_topk_logp"), cat("dm_log_mass"),
                                 self.config.target_temperature, self.config.divergence)
         ng_tokens = torch.cat([e.input_ids[e.ng_pos] for e in batch])
         nll = ngram_nll(self._head(hidden_ng), ng_tokens) if len(ng_tokens) else kl.new_zeros(0)

@@ -21,14 +21,8 @@ DEFAULT_RANK = 32
 DEFAULT_ALPHA = 32  # scaling α/r = 1
 
 
-def lora_config(rank: int = DEFAULT_RANK, alpha: float = DEFAULT_ALPHA, lm_head: bool = False) -> LoraConfig:
-    """peft's LoRA on every attention/MLP projection; ``lm_head`` adds the output layer (tied to the
-    input embeddings in SmolLM2: the LoRA delta then changes the output path only)."""
-    if not lm_head:
-        return LoraConfig(r=rank, lora_alpha=alpha, target_modules="all-linear", lora_dropout=0.0, bias="none")
-    # Leaf names of the Llama-family projections; peft's "all-linear" shortcut cannot add the output layer.
-    names = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head"]
-    return LoraConfig(r=rank, lora_alpha=alpha, target_modules=names, lora_dropout=0.0, bias="none")
+def lora_config(rank: int = DEFAULT_RANK, alpha: float = DEFAULT_ALPHA) -> LoraConfig:
+    return LoraConfig(r=rank, lora_alpha=alpha, target_modules="all-linear", lora_dropout=0.0, bias="none")
 
 
 def attach(model: torch.nn.Module, config: LoraConfig, state: dict[str, torch.Tensor] | None = None):
@@ -91,20 +85,10 @@ class MergedLora:
         pairs = self.check(state)
         self.clear()
         for path, (a, b) in pairs.items():
-            weight = self._untied(path)
+            weight = self._modules[path].weight
             base = self._base.setdefault(path, weight.detach().clone())
             weight.copy_((base.float() + scaling * (b.float() @ a.float())).to(weight.dtype))
         self.active = True
-
-    def _untied(self, path: str) -> torch.Tensor:
-        """The module's weight, first given storage of its own if another module shares it (an
-        output layer tied to the input embeddings): merging must change the output path only."""
-        module = self._modules[path]
-        shared = any(other is not module and getattr(other, "weight", None) is module.weight
-                     for other in self._modules.values())
-        if shared:
-            module.weight = torch.nn.Parameter(module.weight.detach().clone(), requires_grad=False)
-        return module.weight
 
     @torch.no_grad()
     def clear(self) -> None:

@@ -35,7 +35,7 @@ def intersection_log_probs(drafter_logits: torch.Tensor, dm_mask: torch.Tensor) 
     return masked.log_softmax(-1)
 
 
-def coarse_reverse_kl(logq_i: torch.Tensor, topk_pre: torch.Tensor, topk_logp: torch.Tensor,
+def coarse_divergence(logq_i: torch.Tensor, topk_pre: torch.Tensor, topk_logp: torch.Tensor,
                       log_mass: torch.Tensor, temperature: float = 1.0, divergence: str = "reverse-kl") -> torch.Tensor:
     """KL(q' ‖ p) (or another ``divergence``) per position over {top-k of p} ∪ {rest}, both restricted to the intersection.
 
