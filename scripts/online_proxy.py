@@ -14,7 +14,8 @@ while each setting trains along the same stream in Algorithm 2's order.
 Each config is TrainConfig fields plus "interval" (prompts per update, default 8) and "replay"
 (examples of earlier prompts re-trained at each update, default 0: not in the product, a probe). Records missing
 from --records are decoded first (greedy, 128 new tokens, top-64) and saved there. Writes
-proxy.json and proxy.png (held-out top-1 against prompts streamed).
+proxy.json (per config: prompts streamed, held-out top-1 agreement at DM positions, and at every
+emitted drafter position) and proxy.png (the DM agreement against prompts streamed).
 """
 
 from __future__ import annotations
@@ -58,13 +59,21 @@ def _examples(pipe, name: str, ranges, cache: RecordCache, preimages) -> list:
     return [to_example(r, pipe.decoder.bridge, preimages) for r in records]
 
 
-def run_config(config: dict, stream: list, held: list, dm_mask: torch.Tensor, every: int) -> list[tuple[int, float]]:
-    """Held-out top-1 agreement at 0 and every ``every`` prompts along the stream."""
+def agreement(distiller: Distiller, held: list) -> tuple[float, float]:
+    """Held-out top-1 agreement at DM positions (argmax over the intersection, what L_DM trains)
+    and at every emitted drafter position (argmax over the whole vocabulary, what greedy drafting
+    with text translation proposes: straddling and n-gram tokens included)."""
+    _, labels = distiller.head_data(held)
+    return distiller.evaluate(held).top1_agreement, float(labels.mean())
+
+
+def run_config(config: dict, stream: list, held: list, dm_mask: torch.Tensor, every: int) -> list[tuple[int, float, float]]:
+    """Held-out (prompts streamed, DM agreement, all-position agreement) at 0 and every ``every`` prompts."""
     config = dict(config)
     interval = config.pop("interval", 8)
     replay = config.pop("replay", 0)  # also re-train on the last N stream examples at each update
     distiller = Distiller(models.load(DRAFTER, dtype="float32", progress=False)[0], dm_mask, TrainConfig(**config))
-    curve = [(0, distiller.evaluate(held).top1_agreement)]
+    curve = [(0, *agreement(distiller, held))]
     buffer: list = []
     seen: list = []
     for i, example in enumerate(stream, 1):
@@ -75,8 +84,8 @@ def run_config(config: dict, stream: list, held: list, dm_mask: torch.Tensor, ev
             seen += buffer
             buffer = []
         if i % every == 0 or i == len(stream):
-            curve.append((i, distiller.evaluate(held).top1_agreement))
-            print(f"  {config} after {i}: held-out top-1 {curve[-1][1]:.3f}", flush=True)
+            curve.append((i, *agreement(distiller, held)))
+            print(f"  {config} after {i}: held-out top-1 {curve[-1][1]:.3f} (DM), {curve[-1][2]:.3f} (all)", flush=True)
     return curve
 
 
@@ -88,7 +97,7 @@ def plot(path: Path, curves: dict[str, list], k: int) -> None:
 
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
     for label, pts in curves.items():
-        ax.plot(*zip(*pts), marker="o", label=label)
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
     base = next(iter(curves.values()))[0][1]
     lo, hi = 0.0, 1.0  # the agreement at which fixed-k acceptance is 1.5x the untrained one
     for _ in range(50):
