@@ -15,12 +15,14 @@ Each config is TrainConfig fields plus "interval" (prompts per update, default 8
 (examples of earlier prompts re-trained at each update, default 0: not in the product, a probe). Records missing
 from --records are decoded first (greedy, 128 new tokens, top-64) and saved there. Writes
 proxy.json (per config: prompts streamed, held-out top-1 agreement at DM positions, and at every
-emitted drafter position) and proxy.png (the DM agreement against prompts streamed).
+emitted drafter position; the DM agreement before and after the stream split by the target's
+confidence in its own greedy token) and proxy.png (the DM agreement against prompts streamed).
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 from pathlib import Path
 
@@ -67,13 +69,40 @@ def agreement(distiller: Distiller, held: list) -> tuple[float, float]:
     return distiller.evaluate(held).top1_agreement, float(labels.mean())
 
 
-def run_config(config: dict, stream: list, held: list, dm_mask: torch.Tensor, every: int) -> list[tuple[int, float, float]]:
-    """Held-out (prompts streamed, DM agreement, all-position agreement) at 0 and every ``every`` prompts."""
+CONFIDENCE_EDGES = (0.0, 0.5, 0.8, 0.95, 1.0001)  # the target's p of its own greedy token
+
+
+def by_confidence(distiller: Distiller, held: list) -> list[dict]:
+    """Held-out DM agreement split by the target's confidence in its greedy token: where the
+    remaining disagreements sit (near-ties no drafter can call, or tokens the target is sure of)."""
+    agree, logp = distiller.dm_agreement(held)
+    p = logp.exp()
+    rows = []
+    for lo, hi in itertools.pairwise(CONFIDENCE_EDGES):
+        inside = (p >= lo) & (p < hi)
+        n = int(inside.sum())
+        rows.append({"p_lo": lo, "p_hi": min(hi, 1.0), "share": n / max(len(p), 1),
+                     "agreement": float(agree[inside].float().mean()) if n else float("nan"),
+                     "share_of_misses": float((inside & ~agree).sum()) / max(int((~agree).sum()), 1)})
+    return rows
+
+
+def print_buckets(title: str, rows: list[dict]) -> None:
+    print(f"  {title}: " + "; ".join(f"p∈[{r['p_lo']:.2f},{r['p_hi']:.2f}) {r['share']:.0%} of positions, "
+                                    f"agreement {r['agreement']:.3f}, {r['share_of_misses']:.0%} of misses" for r in rows),
+          flush=True)
+
+
+def run_config(config: dict, stream: list, held: list, dm_mask: torch.Tensor, every: int
+               ) -> tuple[list[tuple[int, float, float]], dict[str, list[dict]]]:
+    """Held-out (prompts streamed, DM agreement, all-position agreement) at 0 and every ``every``
+    prompts, and the agreement by target confidence before and after the stream."""
     config = dict(config)
     interval = config.pop("interval", 8)
     replay = config.pop("replay", 0)  # also re-train on the last N stream examples at each update
     distiller = Distiller(models.load(DRAFTER, dtype="float32", progress=False)[0], dm_mask, TrainConfig(**config))
     curve = [(0, *agreement(distiller, held))]
+    buckets = {"before": by_confidence(distiller, held)}
     buffer: list = []
     seen: list = []
     for i, example in enumerate(stream, 1):
@@ -86,7 +115,10 @@ def run_config(config: dict, stream: list, held: list, dm_mask: torch.Tensor, ev
         if i % every == 0 or i == len(stream):
             curve.append((i, *agreement(distiller, held)))
             print(f"  {config} after {i}: held-out top-1 {curve[-1][1]:.3f} (DM), {curve[-1][2]:.3f} (all)", flush=True)
-    return curve
+    buckets["after"] = by_confidence(distiller, held)
+    for when, rows in buckets.items():
+        print_buckets(f"{config} {when}", rows)
+    return curve, buckets
 
 
 def plot(path: Path, curves: dict[str, list], k: int) -> None:
@@ -133,11 +165,13 @@ def main() -> None:
     preimages, _ = preimage_table(pipe.decoder.bridge)
     stream = _examples(pipe, args.set, stream_r, cache, preimages)
     held = [e for e in _examples(pipe, args.set, held_r, cache, preimages) if e is not None]
-    curves = {json.dumps(c): run_config(c, stream, held, pipe.decoder.bridge.dm_mask, args.every)
-              for c in json.loads(args.configs)}
+    runs = {json.dumps(c): run_config(c, stream, held, pipe.decoder.bridge.dm_mask, args.every)
+            for c in json.loads(args.configs)}
+    curves = {label: curve for label, (curve, _) in runs.items()}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "proxy.json").write_text(json.dumps({"args": vars(args) | {"records": str(args.records), "out": str(args.out)},
-                                                     "curves": curves}, indent=1))
+                                                     "curves": curves,
+                                                     "by_confidence": {label: b for label, (_, b) in runs.items()}}, indent=1))
     plot(args.out / "proxy.png", curves, args.k)
     print(f"wrote {args.out / 'proxy.json'}, {args.out / 'proxy.png'}")
 

@@ -61,3 +61,22 @@ def test_each_divergence_trains_the_drafter_towards_p():
         for _ in range(3):
             distiller.update(examples)
         assert distiller.evaluate(examples).dm_kl < before, divergence
+
+
+def test_dm_agreement_splits_evaluates_top1_per_position():
+    examples = [_example(s) for s in range(4)]
+    distiller = _distiller()
+    for _ in range(3):  # a drafter that agrees somewhere and not everywhere
+        distiller.update(examples)
+    for i, e in enumerate(examples):  # a distinct target confidence per position, to check the pairing
+        e.dm_logp_emitted = -torch.arange(len(e.dm_pos), dtype=torch.float) / 10 - 2 * i
+    agree, logp = distiller.dm_agreement(examples)
+    assert len(agree) == len(logp) == sum(len(e.dm_pos) for e in examples)
+    assert 0 < float(agree.float().mean()) < 1
+    assert float(agree.float().mean()) == pytest.approx(distiller.evaluate(examples).top1_agreement)
+    assert torch.equal(logp.sort().values, torch.cat([e.dm_logp_emitted for e in examples]).sort().values)
+    # each flag belongs to its own position's confidence: the same split, example by example
+    for e in examples:
+        one_agree, one_logp = distiller.dm_agreement([e])
+        picked = torch.isin(logp, one_logp)
+        assert torch.equal(agree[picked][logp[picked].argsort()], one_agree[one_logp.argsort()])

@@ -168,6 +168,22 @@ class Distiller:
             self._head_pass(list(examples), lambda: None, metrics, train=False)
         return metrics
 
+    @torch.no_grad()
+    def dm_agreement(self, examples: Sequence[Example]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per DM position of ``examples``: whether the drafter's argmax over the intersection is the
+        emitted target token, and the target's log p of that token (under greedy, its confidence in
+        its own choice). Splits ``evaluate``'s top-1 agreement by how sure the target was."""
+        agree, logp = [], []
+        self.model.eval()
+        for micro in _micro_batches([e for e in examples if len(e.dm_pos)], self.config.micro_tokens):
+            hidden_dm, _, _ = self._hidden_before_labels(micro)
+            logq_i = intersection_log_probs(self._head(hidden_dm), self.dm_mask)
+            agree.append(logq_i.argmax(-1) == torch.cat([e.input_ids[e.dm_pos] for e in micro]))
+            logp.append(torch.cat([e.dm_logp_emitted for e in micro]))
+        if not agree:
+            return torch.empty(0, dtype=torch.bool), torch.empty(0)
+        return torch.cat(agree), torch.cat(logp)
+
     def _head_pass(self, examples: list[Example], pause: Callable[[], None], metrics: UpdateMetrics, train: bool,
                    replay: Sequence[Example] = ()) -> None:
         """Score the head on Q's emitted positions, then (``train``) fit it for ``head_epochs`` passes
