@@ -16,7 +16,8 @@ Each config is TrainConfig fields plus "interval" (prompts per update, default 8
 from --records are decoded first (greedy, 128 new tokens, top-64) and saved there. Writes
 proxy.json (per config: prompts streamed, held-out top-1 agreement at DM positions, and at every
 emitted drafter position; the DM agreement before and after the stream split by the target's
-confidence in its own greedy token) and proxy.png (the DM agreement against prompts streamed).
+confidence in its own greedy token, and on 16 trained-on stream prompts after it, to tell fitting
+from generalising) and proxy.png (the DM agreement against prompts streamed).
 """
 
 from __future__ import annotations
@@ -118,6 +119,11 @@ def run_config(config: dict, stream: list, held: list, dm_mask: torch.Tensor, ev
     buckets["after"] = by_confidence(distiller, held)
     for when, rows in buckets.items():
         print_buckets(f"{config} {when}", rows)
+    # Fitting or generalising? The same agreement on 16 stream prompts it has trained on.
+    seen_probe = [e for e in stream[:: max(1, len(stream) // 16)] if e is not None]
+    buckets["seen_after"] = by_confidence(distiller, seen_probe)
+    print(f"  {config}: agreement on {len(seen_probe)} streamed (trained-on) prompts "
+          f"{distiller.evaluate(seen_probe).top1_agreement:.3f} (DM) vs held-out {curve[-1][1]:.3f}", flush=True)
     return curve, buckets
 
 
