@@ -104,6 +104,9 @@ def run_config(config: dict, stream: list, held: list, dm_mask: torch.Tensor, ev
     distiller = Distiller(models.load(DRAFTER, dtype="float32", progress=False)[0], dm_mask, TrainConfig(**config))
     curve = [(0, *agreement(distiller, held))]
     buckets = {"before": by_confidence(distiller, held)}
+    # Fitting or generalising? Agreement on 16 stream prompts, before and after training on them.
+    seen_probe = [e for e in stream[:: max(1, len(stream) // 16)] if e is not None]
+    seen_before = distiller.evaluate(seen_probe).top1_agreement
     buffer: list = []
     seen: list = []
     for i, example in enumerate(stream, 1):
@@ -119,11 +122,10 @@ def run_config(config: dict, stream: list, held: list, dm_mask: torch.Tensor, ev
     buckets["after"] = by_confidence(distiller, held)
     for when, rows in buckets.items():
         print_buckets(f"{config} {when}", rows)
-    # Fitting or generalising? The same agreement on 16 stream prompts it has trained on.
-    seen_probe = [e for e in stream[:: max(1, len(stream) // 16)] if e is not None]
     buckets["seen_after"] = by_confidence(distiller, seen_probe)
-    print(f"  {config}: agreement on {len(seen_probe)} streamed (trained-on) prompts "
-          f"{distiller.evaluate(seen_probe).top1_agreement:.3f} (DM) vs held-out {curve[-1][1]:.3f}", flush=True)
+    print(f"  {config}: agreement on {len(seen_probe)} streamed (trained-on) prompts {seen_before:.3f} -> "
+          f"{distiller.evaluate(seen_probe).top1_agreement:.3f} (DM); held-out {curve[0][1]:.3f} -> {curve[-1][1]:.3f}",
+          flush=True)
     return curve, buckets
 
 
