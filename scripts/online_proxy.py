@@ -16,8 +16,8 @@ Each config is TrainConfig fields plus "interval" (prompts per update, default 8
 from --records are decoded first (greedy, 128 new tokens, top-64) and saved there. Writes
 proxy.json (per config: prompts streamed, held-out top-1 agreement at DM positions, and at every
 emitted drafter position; the DM agreement before and after the stream split by the target's
-confidence in its own greedy token, and on 16 trained-on stream prompts after it, to tell fitting
-from generalising) and proxy.png (the DM agreement against prompts streamed).
+confidence in its own greedy token, and the same on 16 stream prompts before and after training on
+them, to tell fitting from generalising) and proxy.png (the DM agreement against prompts streamed).
 """
 
 from __future__ import annotations
@@ -88,6 +88,11 @@ def by_confidence(distiller: Distiller, held: list) -> list[dict]:
     return rows
 
 
+def overall_agreement(rows: list[dict]) -> float:
+    """The DM agreement over all buckets (``Distiller.evaluate``'s top-1), without another pass."""
+    return sum(r["share"] * r["agreement"] for r in rows if r["share"])
+
+
 def print_buckets(title: str, rows: list[dict]) -> None:
     print(f"  {title}: " + "; ".join(f"p∈[{r['p_lo']:.2f},{r['p_hi']:.2f}) {r['share']:.0%} of positions, "
                                     f"agreement {r['agreement']:.3f}, {r['share_of_misses']:.0%} of misses" for r in rows),
@@ -103,10 +108,9 @@ def run_config(config: dict, stream: list, held: list, dm_mask: torch.Tensor, ev
     replay = config.pop("replay", 0)  # also re-train on the last N stream examples at each update
     distiller = Distiller(models.load(DRAFTER, dtype="float32", progress=False)[0], dm_mask, TrainConfig(**config))
     curve = [(0, *agreement(distiller, held))]
-    buckets = {"before": by_confidence(distiller, held)}
     # Fitting or generalising? Agreement on 16 stream prompts, before and after training on them.
     seen_probe = [e for e in stream[:: max(1, len(stream) // 16)] if e is not None]
-    seen_before = distiller.evaluate(seen_probe).top1_agreement
+    buckets = {"before": by_confidence(distiller, held), "seen_before": by_confidence(distiller, seen_probe)}
     buffer: list = []
     seen: list = []
     for i, example in enumerate(stream, 1):
@@ -119,13 +123,12 @@ def run_config(config: dict, stream: list, held: list, dm_mask: torch.Tensor, ev
         if i % every == 0 or i == len(stream):
             curve.append((i, *agreement(distiller, held)))
             print(f"  {config} after {i}: held-out top-1 {curve[-1][1]:.3f} (DM), {curve[-1][2]:.3f} (all)", flush=True)
-    buckets["after"] = by_confidence(distiller, held)
+    buckets |= {"after": by_confidence(distiller, held), "seen_after": by_confidence(distiller, seen_probe)}
     for when, rows in buckets.items():
         print_buckets(f"{config} {when}", rows)
-    buckets["seen_after"] = by_confidence(distiller, seen_probe)
-    print(f"  {config}: agreement on {len(seen_probe)} streamed (trained-on) prompts {seen_before:.3f} -> "
-          f"{distiller.evaluate(seen_probe).top1_agreement:.3f} (DM); held-out {curve[0][1]:.3f} -> {curve[-1][1]:.3f}",
-          flush=True)
+    print(f"  {config}: agreement on {len(seen_probe)} streamed (trained-on) prompts "
+          f"{overall_agreement(buckets['seen_before']):.3f} -> {overall_agreement(buckets['seen_after']):.3f} (DM); "
+          f"held-out {curve[0][1]:.3f} -> {curve[-1][1]:.3f}", flush=True)
     return curve, buckets
 
 
