@@ -12,7 +12,8 @@ import sys
 
 import torch
 
-from omnidraft.decode import DecodeConfig, SpeculativeDecoder
+from omnidraft.config import DecodeConfig
+from omnidraft.decode import SpeculativeDecoder
 from omnidraft.runtime import encode_prompt, load_pipeline
 
 DRAFTER = "builtin:smollm2-135m"

@@ -1,21 +1,29 @@
-"""Decoding options as plain values (nanoGPT style), importable without torch so the CLI starts fast."""
+"""Decoding options as plain values (nanoGPT style), importable without torch so the CLI starts fast.
+
+Each field's default here is the one default of its command-line option (``omnidraft/cli/options.py``
+builds the options from these fields), so ``generate``, ``chat``, ``bench`` and ``adapt`` agree.
+"""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from omnidraft.errors import OmnidraftError
+from omnidraft.verify import RULES, VERIFIERS, rule_info
 
-VERIFIERS = ("greedy", "omnidraft", "tli")
 TRANSLATIONS = ("auto", "text", "tokens")
 DRAFT_STOPS = ("auto", "head", "confidence", "fixed")
-DEFAULT_DRAFTER_DTYPE = "bfloat16"  # fastest drafter on CPU that `omnidraft bench` found (README, performance)
+DRAFTER_DTYPES = ("float32", "bfloat16", "int8")
+DEFAULT_DRAFTER_DTYPE = "bfloat16"  # fastest eager drafter on CPU that `omnidraft bench` found (docs/performance.md)
+INT8_NO_ADAPTER = "an int8 drafter cannot take a LoRA adapter (LoRA needs float weights); use --drafter-dtype bfloat16"
 
 
 @dataclass
 class DecodeConfig:
-    max_new_tokens: int = 64
-    verify: str = "greedy"
+    max_new_tokens: int = 256
+    # None: greedy at temperature 0, else the exact sampling rule (see ``resolved_verify``).
+    verify: str | None = None
     draft_len: int = 8
     temperature: float = 0.0
     top_p: float = 1.0
@@ -31,25 +39,30 @@ class DecodeConfig:
     draft_stop: str = "auto"
     stop_gamma: float = 0.5
     # How drafted tokens become target tokens: "tokens" is the paper's direct mapping + n-gram
-    # cache (eq. (1), needed by the sampling verifiers); "text" re-tokenizes the drafted text
-    # with the target tokenizer (SLEM-style, greedy only); "auto" picks text for greedy.
+    # cache (eq. (1), needed by the sampling rules); "text" re-tokenizes the drafted text with the
+    # target tokenizer (SLEM-style, greedy only); "auto" picks the rule's first choice.
     translate: str = "auto"
 
-    @property
-    def text_translation(self) -> bool:
-        return self.translate == "text" or (self.translate == "auto" and self.verify == "greedy")
+    def __post_init__(self) -> None:
+        if self.verify is None:
+            self.verify = default_rule(self.temperature)
 
     def validate(self) -> None:
-        if self.verify not in VERIFIERS:
-            raise OmnidraftError(f"unknown verifier {self.verify!r}; choose one of {', '.join(VERIFIERS)}")
+        """Every field in range; NaN and inf are refused (they pass a plain `< 0` check)."""
+        info = rule_info(self.verify)
         if self.translate not in TRANSLATIONS:
             raise OmnidraftError(f"unknown translation {self.translate!r}; choose one of {', '.join(TRANSLATIONS)}")
-        if self.translate == "text" and self.verify != "greedy":
-            raise OmnidraftError("text translation has no per-token draft probabilities: use it with --verify greedy")
+        if self.translate != "auto" and self.translate not in info.translations:
+            raise OmnidraftError(f"--translate {self.translate} does not work with --verify {self.verify} "
+                                 f"(it needs {' or '.join(info.translations)})")
         if self.max_new_tokens < 1:
             raise OmnidraftError("--max-new-tokens must be at least 1")
         if self.draft_len < 1:
             raise OmnidraftError("--draft-len must be at least 1")
+        for name, value in (("--temperature", self.temperature), ("--top-p", self.top_p),
+                            ("--draft-confidence", self.draft_confidence), ("--stop-gamma", self.stop_gamma)):
+            if not math.isfinite(value):
+                raise OmnidraftError(f"{name} must be a finite number, not {value}")
         if not 0 <= self.draft_confidence < 1:
             raise OmnidraftError("--draft-confidence must be in [0, 1)")
         if self.draft_stop not in DRAFT_STOPS:
@@ -58,5 +71,19 @@ class DecodeConfig:
             raise OmnidraftError("--stop-gamma must be in (0, 1)")
         if self.temperature < 0 or not 0 < self.top_p <= 1:
             raise OmnidraftError("--temperature must be >= 0 and --top-p in (0, 1]")
-        if self.verify == "greedy" and self.temperature > 0:
-            raise OmnidraftError("greedy verification is deterministic: use --temperature 0, or --verify omnidraft|tli to sample")
+        if info.sampling and self.temperature == 0:
+            raise OmnidraftError(f"--verify {self.verify} samples: give a --temperature above 0, or use --verify greedy")
+        if not info.sampling and self.temperature > 0:
+            raise OmnidraftError(f"--verify {self.verify} is deterministic: use --temperature 0, or a sampling rule "
+                                 f"({', '.join(n for n, r in RULES.items() if r.sampling)})")
+
+
+def default_rule(temperature: float) -> str:
+    """Greedy at temperature 0; above it the best *exact* sampling rule (never an approximate one)."""
+    if temperature <= 0:
+        return "greedy"
+    return next(name for name, r in RULES.items() if r.sampling and r.exact)
+
+
+__all__ = ["DEFAULT_DRAFTER_DTYPE", "DRAFTER_DTYPES", "DRAFT_STOPS", "INT8_NO_ADAPTER", "TRANSLATIONS", "VERIFIERS",
+           "DecodeConfig", "default_rule"]

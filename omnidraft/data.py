@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from omnidraft.errors import OmnidraftError
-from omnidraft.home import state_dir
+from omnidraft.fsutil import atomic_write
+from omnidraft.home import home_dir
 
 CACHE_SUBDIR = "datasets"
 XSUM_INSTRUCTION = "Summarize the following article in one sentence.\n\n"
@@ -118,7 +119,7 @@ def load_prompts(name_or_path: str, n: int | None = None, offset: int = 0,
 
 def cache_path(name: str, home: str | os.PathLike | None = None) -> Path:
     """Where the normalised copy of builtin set ``name`` lives (it may not exist yet)."""
-    return state_dir("models", home) / CACHE_SUBDIR / f"{name}.jsonl"
+    return home_dir(home) / "models" / CACHE_SUBDIR / f"{name}.jsonl"
 
 
 def ensure_cached(name: str, home: str | os.PathLike | None = None) -> Path:
@@ -256,13 +257,5 @@ def _parse_member(spec: PromptSet, data: bytes) -> list[dict]:
 def _write_atomic(path: Path, records: list[PromptRecord]) -> None:
     """Write the normalised set so a reader never sees a half-written cache (crash, ^C)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}-", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            for r in records:
-                f.write(json.dumps({"id": r.id, "text": r.text, "chat": r.chat}, ensure_ascii=False) + "\n")
-        os.chmod(tmp, 0o644)  # mkstemp makes 0600; the cache is ordinary shared data
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write(path, "".join(json.dumps({"id": r.id, "text": r.text, "chat": r.chat}, ensure_ascii=False) + "\n"
+                               for r in records))

@@ -1,32 +1,42 @@
 """The decoding loop: cross-vocabulary speculative decoding (OmniDraft Algorithm 1).
 
-One step: draft k drafter tokens -> translate to m target tokens (n-gram merge, eq. (1)) -> one
-target forward scores all m+1 positions -> verify -> reverse-translate what was emitted into the
-drafter's context (learning n-grams on the way). With no drafter it is plain target decoding on
-the same engine, which is what speedups are measured against.
+One step: the drafter drafts under a policy -> the translator turns drafter tokens into target
+tokens -> one target forward scores all m+1 positions -> a verification rule keeps n of them and
+picks the next token -> the translator appends what was emitted to the drafter's context. Each of
+those is a strategy object chosen once per request (:meth:`SpeculativeDecoder.plan`), so the step
+itself has no flags. With no drafter it is plain target decoding on the same engine, which is
+what speedups are measured against.
 """
 
 from __future__ import annotations
 
-import codecs
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
 
 import torch
 
 from omnidraft.config import DecodeConfig
-from omnidraft.drafter import Draft, Drafter
+from omnidraft.console import Utf8Stream
+from omnidraft.drafter import Draft, Drafter, DraftPolicy, Sampler
+from omnidraft.drafter.policy import stop_rule
 from omnidraft.errors import OmnidraftError
-from omnidraft.ngram.trie import NgramTrie
-from omnidraft.target import TargetBackend
-from omnidraft.verify import greedy_verify, probs_from_logits, sample_verify
-from omnidraft.vocab import DrafterContext, Translation, VocabBridge
+from omnidraft.ngram.trie import NgramCache, NgramTrie
+from omnidraft.target import Target
+from omnidraft.verify import get_rule, rule_info
+from omnidraft.verify.sampling import probs_from_logits
+from omnidraft.vocab.bridge import Translation, VocabBridge
+from omnidraft.vocab.reverse import DrafterContext
+from omnidraft.vocab.translate import TextTranslator, TokenTranslator, Translator
 
 
 @dataclass
 class DecodeStats:
-    """Per-request counters; acceptance rate as in the paper: accepted/proposed averaged over steps."""
+    """Per-request counters; acceptance rate as in the paper: accepted/proposed averaged over steps.
+
+    Stats add up (``a + b``): a chat session's totals are the sum of its turns' stats.
+    """
 
     steps: int = 0
     target_forwards: int = 0
@@ -55,6 +65,19 @@ class DecodeStats:
     @property
     def tokens_per_target_forward(self) -> float:
         return self.new_tokens / self.target_forwards if self.target_forwards else 0.0
+
+    @property
+    def other_s(self) -> float:
+        """Wall time outside drafting, verifying and translating (Python, bookkeeping)."""
+        return max(self.wall_s - self.draft_s - self.verify_s - self.bridge_s, 0.0)
+
+    def __add__(self, other: DecodeStats) -> DecodeStats:
+        total = DecodeStats()
+        for f in fields(self):
+            setattr(total, f.name, getattr(self, f.name) + getattr(other, f.name))
+        total.ngram_cache_entries_at_start = self.ngram_cache_entries_at_start if self.steps else other.ngram_cache_entries_at_start
+        total.ngram_cache_entries_at_end = other.ngram_cache_entries_at_end
+        return total
 
     def as_dict(self) -> dict:
         out = {k: v for k, v in asdict(self).items() if k != "step_rates"}
@@ -87,11 +110,30 @@ class DecodeResult:
     stats: DecodeStats
 
 
+@dataclass
+class Proposal:
+    """What one step proposes to the verification rule."""
+
+    draft: Draft
+    translation: Translation
+    proposed: list[int]
+    translator: Translator
+
+
+@dataclass
+class Plan:
+    """The strategies of one request, chosen once from its config."""
+
+    rule: Any
+    translator: Translator
+    policy: DraftPolicy
+
+
 class SpeculativeDecoder:
     """Target (+ optional drafter and bridge) with the loop as a generator and as a call."""
 
-    def __init__(self, target: TargetBackend, drafter: Drafter | None = None,
-                 bridge: VocabBridge | None = None, ngrams: NgramTrie | None = None) -> None:
+    def __init__(self, target: Target, drafter: Drafter | None = None,
+                 bridge: VocabBridge | None = None, ngrams: NgramCache | None = None) -> None:
         if (drafter is None) != (bridge is None):
             raise ValueError("a drafter needs a vocabulary bridge and vice versa")
         self.target, self.drafter, self.bridge = target, drafter, bridge
@@ -99,11 +141,7 @@ class SpeculativeDecoder:
         self.stats = DecodeStats()
         self.observers: list[DecodeObserver] = []
         self._token_bytes: list[bytes | None] | None = None
-        if bridge is not None:
-            src = torch.nonzero(bridge.d2t >= 0).flatten()
-            tgt = bridge.d2t[src]
-            keep = tgt < target.vocab_size
-            self._dm_src, self._dm_tgt = src[keep], tgt[keep]
+        self._translators: dict[tuple, Translator] = {}
 
     # ---- public API ----------------------------------------------------------------------------
     def generate(self, prompt_ids: Sequence[int], config: DecodeConfig) -> DecodeResult:
@@ -115,37 +153,47 @@ class SpeculativeDecoder:
 
     def stream(self, prompt_ids: Sequence[int], config: DecodeConfig) -> Iterator[str]:
         """Yield text as it is accepted (special tokens skipped; UTF-8 split across tokens joined)."""
-        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        table = self.target_token_bytes()
+        utf8, table = Utf8Stream(), self.target_token_bytes()
         for chunk in self.stream_ids(prompt_ids, config):
-            text = decoder.decode(b"".join(table[t] or b"" for t in chunk))
+            text = utf8.feed(table[t] for t in chunk)
             if text:
                 yield text
-        tail = decoder.decode(b"", final=True)
+        tail = utf8.finish()
         if tail:
             yield tail
+
+    def check_length(self, prompt_len: int, max_new_tokens: int) -> None:
+        """A prompt that cannot fit the target's context is refused before any model work."""
+        limit = self.target.max_context
+        if prompt_len + max_new_tokens > limit:
+            raise OmnidraftError(f"the prompt ({prompt_len} tokens) plus up to {max_new_tokens} new tokens exceed the "
+                                 f"target's context of {limit} tokens; shorten the prompt or lower --max-new-tokens")
 
     def stream_ids(self, prompt_ids: Sequence[int], config: DecodeConfig) -> Iterator[list[int]]:
         """Yield the target token ids emitted by each step; ``self.stats`` fills in as it runs."""
         config.validate()
         if not prompt_ids:
             raise OmnidraftError("the prompt is empty")
+        self.check_length(len(prompt_ids), config.max_new_tokens)
+        generator = torch.Generator().manual_seed(config.seed)
+        plan = self.plan(config, generator) if self.drafter is not None else None
         self.stats = DecodeStats()
         if self.ngrams is not None:
             self.stats.ngram_cache_entries_at_start = len(self.ngrams)
         start = time.perf_counter()
-        generator = torch.Generator().manual_seed(config.seed)
-        step = self._target_step if self.drafter is None else self._speculative_step
         ids = list(prompt_ids)
+        ctx = DrafterContext(self.bridge, ids) if plan is not None else None
         observers = list(self.observers)
         for obs in observers:
             obs.on_start(ids)
         try:
-            state = self._start_state(ids)
             while self.stats.new_tokens < config.max_new_tokens:
                 for obs in observers:
                     obs.before_step()
-                emitted, done, logits = step(ids, state, config, generator)
+                if plan is None or config.max_new_tokens - self.stats.new_tokens <= 1:
+                    emitted, done, logits = self._target_step(ids, config, generator)  # nothing to speculate on
+                else:
+                    emitted, done, logits = self._speculative_step(ids, ctx, plan, config, generator)
                 for obs in observers:
                     obs.on_step(logits, emitted)
                 ids.extend(emitted)
@@ -162,10 +210,30 @@ class SpeculativeDecoder:
             for obs in observers:
                 obs.on_finish()
 
-    # ---- one step ------------------------------------------------------------------------------
-    def _start_state(self, prompt_ids: list[int]) -> DrafterContext | None:
-        return DrafterContext(self.bridge, prompt_ids) if self.bridge is not None else None
+    # ---- strategies ----------------------------------------------------------------------------
+    def plan(self, config: DecodeConfig, generator: torch.Generator) -> Plan:
+        """The rule, translator and draft policy ``config`` asks for."""
+        info = rule_info(config.verify)
+        translation = info.translations[0] if config.translate == "auto" else config.translate
+        translator = self.translator(translation, config.use_ngram and info.uses_ngrams, config.use_ngram)
+        sampler = Sampler(config.temperature if info.sampling else 0.0, config.top_p, info.keeps_q, generator)
+        stop = stop_rule(config.draft_stop, self.drafter.head, config.draft_confidence, config.stop_gamma)
+        policy = DraftPolicy(sampler, translator.constraint(self.drafter.lm.vocab_size), stop)
+        return Plan(get_rule(config.verify), translator, policy)
 
+    def translator(self, translation: str, propose_ngrams: bool, learn_ngrams: bool) -> Translator:
+        """One translator per kind, kept for the decoder's life (they hold masks and memos)."""
+        key = (translation, propose_ngrams and translation == "tokens", learn_ngrams)
+        if key not in self._translators:
+            learn = self.ngrams if learn_ngrams else None
+            if translation == "text":
+                self._translators[key] = TextTranslator(self.bridge, learn)
+            else:
+                propose = self.ngrams if key[1] else None
+                self._translators[key] = TokenTranslator(self.bridge, self.target.vocab_size, propose, learn)
+        return self._translators[key]
+
+    # ---- one step ------------------------------------------------------------------------------
     def _finish(self, emitted: list[int], remaining: int) -> tuple[list[int], bool]:
         """Cut at the first end-of-sequence token and at the token budget."""
         for j, tok in enumerate(emitted):
@@ -173,7 +241,7 @@ class SpeculativeDecoder:
                 return emitted[: j + 1][:remaining], True
         return emitted[:remaining], len(emitted) >= remaining
 
-    def _target_step(self, ids, state, config: DecodeConfig, generator) -> tuple[list[int], bool, torch.Tensor]:
+    def _target_step(self, ids: list[int], config: DecodeConfig, generator: torch.Generator):
         t0 = time.perf_counter()
         logits = self.target.score(ids, 0)
         if config.temperature <= 0:
@@ -185,108 +253,40 @@ class SpeculativeDecoder:
         self.stats.target_forwards += 1
         return *self._finish([nxt], config.max_new_tokens - self.stats.new_tokens), logits
 
-    def _speculative_step(self, ids, ctx: DrafterContext, config: DecodeConfig, generator) -> tuple[list[int], bool, torch.Tensor]:
-        stats, remaining = self.stats, config.max_new_tokens - self.stats.new_tokens
-        if remaining <= 1:  # nothing left to speculate on: one plain target step
-            return self._target_step(ids, ctx, config, generator)
-        sampling = config.verify != "greedy"
-        text = config.text_translation
-        ngrams = self.ngrams if config.use_ngram and config.verify != "tli" and not text else None
+    def _speculative_step(self, ids: list[int], ctx: DrafterContext, plan: Plan, config: DecodeConfig,
+                          generator: torch.Generator):
+        remaining = config.max_new_tokens - self.stats.new_tokens
         t0 = time.perf_counter()
-        confidence, gamma = self._stop_rule(config)
-        draft = self.drafter.draft(ctx.ids, min(config.draft_len, remaining - 1), ngrams,
-                                   config.temperature, config.top_p, generator, keep_q=sampling,
-                                   confidence=confidence, free=text, gamma=gamma)
+        draft = self.drafter.draft(ctx.ids, min(config.draft_len, remaining - 1), plan.policy)
         t1 = time.perf_counter()
-        tr = self.bridge.forward_text(ids, draft.tokens) if text else self.bridge.forward(draft.tokens, ngrams)
-        proposed = tr.target_ids[: remaining - 1]
+        tr = plan.translator.forward(ids, draft)
+        proposal = Proposal(draft, tr, tr.target_ids[: remaining - 1], plan.translator)
         t2 = time.perf_counter()
-        logits = self.target.score(ids + proposed, len(proposed))
-        if sampling:
-            p = probs_from_logits(logits, config.temperature, config.top_p)
-            cut_untranslatable = len(proposed) == len(tr.target_ids) and tr.drafted_used < len(draft.tokens)
-            last = self._dm_target_probs(draft.q[tr.drafted_used]) if cut_untranslatable else None
-            n, nxt = sample_verify(p, proposed, lambda i: self._draft_target_probs(draft, tr, i), generator, last)
-        else:
-            n, nxt = greedy_verify(logits, proposed)
+        logits = self.target.score(ids + proposal.proposed, len(proposal.proposed))
+        n, nxt = plan.rule.verify(logits, proposal, config, generator)
         t3 = time.perf_counter()
-        emitted, done = self._finish(proposed[:n] + [nxt], remaining)
-        self._count(draft, tr, proposed, n)
+        emitted, done = self._finish(proposal.proposed[:n] + [nxt], remaining)
+        self._count(proposal, n)
         if not done:  # reverse translation (Algorithm 1, lines 17-19)
-            self._reverse(ctx, draft, tr, emitted, n, text, self.ngrams if config.use_ngram else None)
+            plan.translator.reverse(ctx, draft, tr, emitted, n)
         t4 = time.perf_counter()
-        stats.draft_s += t1 - t0
-        stats.verify_s += t3 - t2
-        stats.bridge_s += (t2 - t1) + (t4 - t3)
+        self.stats.draft_s += t1 - t0
+        self.stats.verify_s += t3 - t2
+        self.stats.bridge_s += (t2 - t1) + (t4 - t3)
         return emitted, done, logits
 
-    def _stop_rule(self, config: DecodeConfig) -> tuple[float, float]:
-        """(confidence threshold, γ) for this step's draft under ``config.draft_stop``."""
-        has_head = self.drafter.head is not None
-        if config.draft_stop == "head" and not has_head:
-            raise OmnidraftError("--draft-stop head needs an adapter with an acceptance head (train one with "
-                                 "`omnidraft adapt`), or use --draft-stop auto")
-        if config.draft_stop == "head" or (config.draft_stop == "auto" and has_head):
-            return 0.0, config.stop_gamma
-        return (0.0 if config.draft_stop == "fixed" else config.draft_confidence), 0.0
-
-    def _reverse(self, ctx: DrafterContext, draft: Draft, tr: Translation, emitted: list[int], accepted: int,
-                 text: bool, ngrams: NgramTrie | None) -> None:
-        """Accepted proposals go back as the drafter tokens that produced them; the rest re-tokenized."""
-        kept = min(accepted, len(emitted))
-        if text:
-            accepted_bytes = b"".join(self.bridge.target_bytes(t) or b"" for t in emitted[:kept])
-            leftover = ctx.extend_accepted_bytes(draft.tokens, accepted_bytes)
-            for tok in emitted[kept:]:
-                ctx.append_target(tok, ngrams, before=leftover)
-                leftover = b""
-            if leftover:
-                ctx.append_bytes(leftover)
-            return
-        ctx.extend_accepted(draft.tokens, tr.spans[kept - 1][1] if kept else 0)
-        for tok in emitted[kept:]:
-            ctx.append_target(tok, ngrams)
-
-    def _count(self, draft: Draft, tr: Translation, proposed: list[int], accepted: int) -> None:
-        s = self.stats
+    def _count(self, proposal: Proposal, accepted: int) -> None:
+        s, proposed = self.stats, len(proposal.proposed)
         s.steps += 1
         s.target_forwards += 1
-        s.drafted_tokens += len(draft.tokens)
-        s.proposed_tokens += len(proposed)
+        s.drafted_tokens += len(proposal.draft.tokens)
+        s.proposed_tokens += proposed
         s.accepted_tokens += accepted
         if proposed:
-            s.step_rates.append(accepted / len(proposed))
-        for i in range(len(proposed)):
-            if tr.ngram[i]:
-                key = draft.tokens[tr.spans[i][0]: tr.spans[i][1]]
-                s.ngram_hits_proposed += 1
-                self.ngrams.note_proposed(key)
-                if i < accepted:
-                    s.ngram_hits_accepted += 1
-                    self.ngrams.note_accepted(key)
-
-    def _draft_target_probs(self, draft: Draft, tr: Translation, i: int) -> torch.Tensor:
-        """q' over the target vocabulary at proposal i, eq. (2).
-
-        Direct-mapped mass moves to the partner token (several drafter tokens may share one);
-        for an n-gram the product of its sub-token probabilities goes to the n-gram token and is
-        taken from its first sub-token's partner.
-        """
-        start, end = tr.spans[i]
-        q_t = self._dm_target_probs(draft.q[start])
-        if tr.ngram[i]:
-            prod = float(torch.prod(torch.stack([draft.q[j, draft.tokens[j]] for j in range(start, end)])))
-            first = int(self.bridge.d2t[draft.tokens[start]])
-            if first >= 0:
-                q_t[first] = max(float(q_t[first]) - prod, 0.0)
-            q_t[tr.target_ids[i]] += prod
-        return q_t
-
-    def _dm_target_probs(self, row: torch.Tensor) -> torch.Tensor:
-        """Drafter distribution moved onto the target vocabulary through the direct mapping."""
-        q_t = torch.zeros(self.target.vocab_size, dtype=row.dtype)
-        q_t.index_add_(0, self._dm_tgt, row[self._dm_src])
-        return q_t
+            s.step_rates.append(accepted / proposed)
+        hits, hits_accepted = proposal.translator.ngram_hits(proposal.draft, proposal.translation, proposed, accepted)
+        s.ngram_hits_proposed += hits
+        s.ngram_hits_accepted += hits_accepted
 
     def target_token_bytes(self) -> list[bytes | None]:
         """Bytes of each target token id (None for special tokens): what streaming decodes with.

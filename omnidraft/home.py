@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-STATE_DIRS = ("adapters", "cache_store", "export", "models")
+STATE_DIRS = ("adapters", "cache_store", "export", "models")  # created by what writes them, never by readers
 
 
 def home_dir(home: str | os.PathLike | None = None) -> Path:
@@ -18,12 +18,3 @@ def home_dir(home: str | os.PathLike | None = None) -> Path:
         return Path(home).expanduser().resolve()
     env = os.environ.get("OMNIDRAFT_HOME")
     return Path(env).expanduser().resolve() if env else Path.cwd().resolve()
-
-
-def state_dir(name: str, home: str | os.PathLike | None = None) -> Path:
-    """Return (and create) one of the state directories under the home."""
-    if name not in STATE_DIRS:
-        raise ValueError(f"unknown state directory {name!r}; expected one of {STATE_DIRS}")
-    path = home_dir(home) / name
-    path.mkdir(parents=True, exist_ok=True)
-    return path

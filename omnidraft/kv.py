@@ -15,6 +15,8 @@ from transformers import DynamicCache
 
 from omnidraft import fastlinear
 
+PREFILL_CHUNK = 512  # tokens per forward when reading a long prompt: bounds the attention's memory
+
 
 def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
     """Length of the longest common prefix; fast path when one list extends the other."""
@@ -35,6 +37,14 @@ def output_vocab_size(model: torch.nn.Module) -> int:
     """Rows of the LM head (may exceed the tokenizer's length); works for quantized heads too."""
     weight = model.get_output_embeddings().weight
     return int((weight() if callable(weight) else weight).shape[0])
+
+
+def max_positions_of(model: torch.nn.Module) -> int:
+    """How many positions the model was built for (its context limit); 2**31 when it does not say."""
+    config = model.config
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    limit = getattr(text, "max_position_embeddings", None)
+    return int(limit) if isinstance(limit, int) and limit > 0 else 2**31
 
 
 class CachedLM:
@@ -64,12 +74,18 @@ class CachedLM:
             raise ValueError(f"keep must be in [1, {len(ids)}], got {keep}")
         self.crop(min(common_prefix_len(self.cached_ids, ids), len(ids) - keep))
         new = list(ids[len(self.cached_ids):])
+        while len(new) - PREFILL_CHUNK >= keep:  # a long prompt: read it in chunks, keep no logits
+            self._forward(new[:PREFILL_CHUNK], 1)
+            new = new[PREFILL_CHUNK:]
+        return self._forward(new, keep)[0, -keep:].float()
+
+    def _forward(self, new: list[int], keep: int) -> torch.Tensor:
         input_ids = torch.tensor([new], dtype=torch.long, device=self.device)
         with fastlinear.enabled():
             out = self.model(input_ids=input_ids, past_key_values=self.cache, use_cache=True, logits_to_keep=keep)
         self.cache = out.past_key_values
         self.cached_ids.extend(new)
-        return out.logits[0, -keep:].float()
+        return out.logits
 
     @torch.inference_mode()
     def step(self, token: int) -> torch.Tensor:

@@ -12,15 +12,19 @@ import hashlib
 import importlib.util
 import json
 import os
+import re
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from omnidraft.console import notice, warn
 from omnidraft.errors import OmnidraftError
-from omnidraft.home import state_dir
+from omnidraft.fsutil import atomic_file, atomic_write, atomic_write_json, fsync_tree
+from omnidraft.home import home_dir
 
 BUILTIN_PREFIX = "builtin:"
 CACHE_FORMAT = 1  # bump when the layout of a cached model folder changes
@@ -166,7 +170,7 @@ def gguf_path(model: BuiltinModel, home=None, progress: bool = True) -> Path:
         path = parts[0]
         _verify(model, [path], progress)
         return path
-    target = state_dir("models", home) / "gguf" / f"{model.name}.gguf"
+    target = models_dir(home) / "gguf" / f"{model.name}.gguf"
     stamp = target.with_suffix(".sha256")
     if target.is_file() and stamp.is_file() and stamp.read_text().strip() == model.sha256:
         if target.stat().st_size == sum(p.stat().st_size for p in parts):
@@ -174,7 +178,7 @@ def gguf_path(model: BuiltinModel, home=None, progress: bool = True) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     _verify(model, parts, progress)
     _concat_atomically(parts, target, progress)
-    stamp.write_text(model.sha256 + "\n")
+    atomic_write(stamp, model.sha256 + "\n")
     return target
 
 
@@ -190,26 +194,25 @@ def _verify(model: BuiltinModel, paths: list[Path], progress: bool) -> None:
 
 def _concat_atomically(parts: list[Path], target: Path, progress: bool) -> None:
     bar = _bar(sum(p.stat().st_size for p in parts), f"assemble {target.name}", progress)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".assemble-")
     try:
-        with os.fdopen(fd, "wb") as out:
+        with atomic_file(target) as out:
             for part in parts:
                 with open(part, "rb") as fh:
                     while block := fh.read(8 << 20):
                         out.write(block)
                         bar.update(len(block))
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, target)
     finally:
         bar.close()
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+
+
+def models_dir(home=None) -> Path:
+    """``<home>/models`` (created by what writes into it, never by what only looks)."""
+    return home_dir(home) / "models"
 
 
 def cache_dir(model: BuiltinModel, home=None) -> Path:
     """Folder of the dequantized safetensors copy of a builtin model."""
-    return state_dir("models", home) / f"{model.name}-{model.sha256[:12]}"
+    return models_dir(home) / f"{model.name}-{model.sha256[:12]}"
 
 
 def _cache_valid(path: Path, model: BuiltinModel) -> bool:
@@ -224,6 +227,58 @@ def _cache_valid(path: Path, model: BuiltinModel) -> bool:
     return bool(sizes) and all((path / f).is_file() and (path / f).stat().st_size == n for f, n in sizes.items())
 
 
+def check_spec(spec: str) -> None:
+    """Refuse what cannot be a model before anything loads: an unknown builtin, a path that is
+    missing or a file, text that is neither a path nor a hub id."""
+    if builtin(spec) is not None:
+        return
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        return
+    if path.exists():
+        raise OmnidraftError(f"model spec {spec!r} is a file; give a model folder, builtin:NAME or a hub id")
+    looks_like_path = spec.startswith(("/", ".", "~")) or spec.endswith("/") or spec.count("/") > 1
+    if looks_like_path or not _HUB_ID.match(spec):
+        raise OmnidraftError(f"no model folder at {spec!r} (and it is not a hub id like org/name); "
+                             f"builtins: {', '.join(m.spec for m in BUILTINS.values())}")
+
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
+HUB_HOST = ("huggingface.co", 443)
+
+
+def hub_reachable(timeout: float = 3.0) -> bool:
+    """Whether the Hugging Face hub answers at all (offline machines fail fast, not after retries)."""
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
+        return False
+    try:
+        socket.create_connection(HUB_HOST, timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
+def _load_external(spec: str, torch_dtype):
+    """A local model folder or a hub id; an unreachable hub means the local hub cache only."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = Path(spec).expanduser()
+    local = path.is_dir()
+    offline = not local and not hub_reachable()
+    source = str(path) if local else spec
+    try:
+        tok = AutoTokenizer.from_pretrained(source, local_files_only=offline)
+        lm = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype, local_files_only=offline)
+    except Exception as exc:  # OSError for a missing model, ValueError/JSON errors for a broken one
+        if offline:
+            raise OmnidraftError(f"cannot load model {spec!r}: the Hugging Face hub is unreachable from this machine "
+                                 "and the model is not in the local hub cache; use builtin:NAME or a local folder") from None
+        first = str(exc).splitlines()[0][:160] if str(exc) else ""
+        raise OmnidraftError(f"cannot load model {spec!r}: not a usable local model folder nor a reachable hub id "
+                             f"({exc.__class__.__name__}: {first})") from None
+    return lm.eval(), tok
+
+
 def load(spec: str, home=None, dtype: str = "float32", progress: bool = True):
     """Load ``spec`` as ``(model, tokenizer)`` in eval mode with the requested torch dtype."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -233,16 +288,10 @@ def load(spec: str, home=None, dtype: str = "float32", progress: bool = True):
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()
+    check_spec(spec)
     model_info = builtin(spec)
     if model_info is None:
-        path = Path(spec).expanduser()
-        source = str(path) if path.exists() else spec
-        try:
-            tok = AutoTokenizer.from_pretrained(source)
-            lm = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype)
-        except Exception as exc:  # OSError for a missing model, ValueError/JSON errors for a broken one
-            raise OmnidraftError(f"cannot load model {spec!r}: not a usable local model folder nor a reachable hub id ({exc.__class__.__name__}: {str(exc).splitlines()[0][:160]})") from None
-        return lm.eval(), tok
+        return _load_external(spec, torch_dtype)
     folder = cache_dir(model_info, home)
     if not _cache_valid(folder, model_info):
         _build_cache(model_info, folder, home, progress)
@@ -253,7 +302,7 @@ def load(spec: str, home=None, dtype: str = "float32", progress: bool = True):
         broken = folder.with_name(folder.name + ".broken")
         shutil.rmtree(broken, ignore_errors=True)
         folder.rename(broken)
-        print(f"omnidraft: cached copy of {spec} was unreadable ({exc.__class__.__name__}); rebuilt it, old copy at {broken}", file=sys.stderr)
+        warn(f"cached copy of {spec} was unreadable ({exc.__class__.__name__}); rebuilt it, old copy at {broken}")
         _build_cache(model_info, folder, home, progress)
         tok = AutoTokenizer.from_pretrained(folder)
         lm = AutoModelForCausalLM.from_pretrained(folder, dtype=torch_dtype)
@@ -276,7 +325,7 @@ def _build_cache(model: BuiltinModel, folder: Path, home, progress: bool) -> Non
 
     gguf = gguf_path(model, home, progress)
     if progress:
-        print(f"omnidraft: dequantizing {model.spec} once (this takes up to a minute) …", file=sys.stderr)
+        notice(f"dequantizing {model.spec} once (this takes up to a minute) …")
     try:
         tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         lm = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
@@ -286,13 +335,15 @@ def _build_cache(model: BuiltinModel, folder: Path, home, progress: bool) -> Non
     lm.hf_quantizer = None
     if hasattr(lm.config, "quantization_config"):
         del lm.config.quantization_config
+    folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}-"))
     try:
         lm.save_pretrained(tmp)
         tok.save_pretrained(tmp)
         sizes = {p.name: p.stat().st_size for p in tmp.iterdir() if p.is_file()}
         meta = {"format": CACHE_FORMAT, "spec": model.spec, "gguf_sha256": model.sha256, "file_sizes": sizes}
-        (tmp / "omnidraft-model.json").write_text(json.dumps(meta, indent=1))
+        atomic_write_json(tmp / "omnidraft-model.json", meta)
+        fsync_tree(tmp)
         if folder.exists():
             shutil.rmtree(folder)
         os.replace(tmp, folder)

@@ -1,22 +1,31 @@
-"""Assemble a ready-to-run decoder from model specs: the glue the CLI, demos and benchmark share."""
+"""Assemble a ready-to-run decoder from model specs: the glue the CLI, demos and benchmark share.
+
+``load_pipeline`` loads the target and the drafter, builds the vocabulary bridge, opens the pair's
+persistent n-gram cache and puts the pair's adapter (if one was trained) into the drafter. It
+imports nothing from ``omnidraft.train``: decoding needs only what ``omnidraft.adapter`` reads.
+"""
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from omnidraft import models
-from omnidraft.config import DEFAULT_DRAFTER_DTYPE
+from omnidraft.adapter import store as adapters
+from omnidraft.adapter.slot import AdapterSlot
+from omnidraft.config import DEFAULT_DRAFTER_DTYPE, DRAFTER_DTYPES, INT8_NO_ADAPTER
+from omnidraft.console import notice, warn
 from omnidraft.decode import SpeculativeDecoder
 from omnidraft.drafter import Drafter
+from omnidraft.drafter.torch_lm import TorchDraftLM, convert_drafter
 from omnidraft.errors import OmnidraftError
 from omnidraft.kv import output_vocab_size
-from omnidraft.ngram.trie import NgramTrie
-from omnidraft.target import LocalTarget
-from omnidraft.vocab import VocabBridge
+from omnidraft.ngram.trie import NgramCache, NgramTrie
+from omnidraft.target import Target, TorchTarget
+from omnidraft.vocab.bridge import VocabBridge
 
 
 @dataclass
@@ -26,26 +35,21 @@ class Pipeline:
     drafter_spec: str | None
     target_model: torch.nn.Module
     drafter_model: torch.nn.Module | None
-    adapter_slot: object | None = None  # omnidraft.train.online.AdapterSlot when a drafter is loaded
+    adapter_slot: AdapterSlot | None = None  # when a drafter is loaded
 
     @property
-    def target_tokenizer(self):
+    def target_tokenizer(self) -> Any:
         return self.decoder.target.tokenizer
-
-
-def _log(msg: str, quiet: bool) -> None:
-    if not quiet:
-        print(f"omnidraft: {msg}", file=sys.stderr, flush=True)
 
 
 def build_bridge(drafter_model, drafter_tokenizer, target_model, target_tokenizer) -> VocabBridge:
     return VocabBridge(drafter_tokenizer, target_tokenizer, output_vocab_size(drafter_model), output_vocab_size(target_model))
 
 
-def make_drafter(drafter_model, bridge: VocabBridge, target: LocalTarget) -> Drafter:
-    """A drafter that stops drafting after proposing the target's end-of-sequence token."""
+def make_drafter(drafter_model: torch.nn.Module, bridge: VocabBridge, target: Target, dtype: str = "float32") -> Drafter:
+    """A torch drafter that stops drafting after proposing the target's end-of-sequence token."""
     stop = [d for d, t in enumerate(bridge.d2t_list) if t in target.eos_ids]
-    return Drafter(drafter_model, bridge, stop_ids=stop)
+    return Drafter(TorchDraftLM(drafter_model, dtype), stop_ids=stop)
 
 
 @dataclass
@@ -58,7 +62,7 @@ class CacheOptions:
     frozen: bool = False
 
 
-def open_ngram_cache(drafter_tok, target_tok, options: CacheOptions, home=None) -> NgramTrie:
+def open_ngram_cache(drafter_tok, target_tok, options: CacheOptions, home=None) -> NgramCache:
     if not options.enabled:
         return NgramTrie()
     from omnidraft.ngram.store import open_pair_cache
@@ -70,21 +74,6 @@ def open_ngram_cache(drafter_tok, target_tok, options: CacheOptions, home=None) 
         raise OmnidraftError(f"bad n-gram cache option: {exc}") from None
 
 
-DRAFTER_DTYPES = ("float32", "bfloat16", "int8")
-
-
-def convert_drafter(model: torch.nn.Module, dtype: str) -> torch.nn.Module:
-    """The drafter's speed/precision trade-off; the target's dtype never changes, so greedy output
-    stays the target's own. int8 is torch's dynamic quantization of every Linear layer."""
-    if dtype == "float32":
-        return model
-    if dtype == "bfloat16":
-        return model.to(torch.bfloat16)
-    if dtype == "int8":
-        return torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
-    raise OmnidraftError(f"unknown drafter dtype {dtype!r}; choose one of {', '.join(DRAFTER_DTYPES)}")
-
-
 def load_pipeline(target_spec: str, drafter_spec: str | None, *, home=None, dtype: str = "float32",
                   drafter_dtype: str = DEFAULT_DRAFTER_DTYPE, cache: CacheOptions | None = None, quiet: bool = False,
                   adapter: str = "auto") -> Pipeline:
@@ -93,93 +82,81 @@ def load_pipeline(target_spec: str, drafter_spec: str | None, *, home=None, dtyp
     ``adapter``: "auto" uses the pair's LoRA adapter under ``<home>/adapters/`` if one was
     trained, "none" runs the base drafter, anything else is the path of an adapter folder.
     """
-    for spec in (target_spec, drafter_spec):
-        if spec not in (None, "none"):
-            models.builtin(spec)  # an unknown builtin fails here, before minutes of loading
-    if drafter_spec not in (None, "none") and adapter not in ("auto", "none"):
-        precheck_adapter(adapter)  # a bad path fails now, not after a minute of loading
+    drafting = drafter_spec not in (None, "none")
+    for spec in (target_spec, drafter_spec if drafting else None):
+        if spec is not None:
+            models.check_spec(spec)  # an unknown builtin or a missing folder fails here, before loading
     if drafter_dtype not in DRAFTER_DTYPES:
         raise OmnidraftError(f"unknown drafter dtype {drafter_dtype!r}; choose one of {', '.join(DRAFTER_DTYPES)}")
-    _log(f"loading target {target_spec}", quiet)
+    if drafting and adapter not in ("auto", "none"):
+        precheck_adapter(adapter, drafter_dtype)  # a bad path fails now, not after a minute of loading
+    if not quiet:
+        notice(f"loading target {target_spec}")
     target_model, target_tok = models.load(target_spec, home=home, dtype=dtype, progress=not quiet)
-    target = LocalTarget(target_model, target_tok)
-    if drafter_spec in (None, "none"):
+    target = TorchTarget(target_model, target_tok)
+    if not drafting:
         return Pipeline(SpeculativeDecoder(target), target_spec, None, target_model, None)
-    _log(f"loading drafter {drafter_spec}", quiet)
+    if not quiet:
+        notice(f"loading drafter {drafter_spec}")
     drafter_model, drafter_tok = models.load(drafter_spec, home=home, dtype="float32", progress=not quiet)
     bridge = build_bridge(drafter_model, drafter_tok, target_model, target_tok)
-    identity = adapter_identity(drafter_tok, target_tok, drafter_model)  # before int8 hides the weights
-    drafter_model = convert_drafter(drafter_model, drafter_dtype)
     if bridge.intersection_size == 0:
         raise OmnidraftError(f"{drafter_spec} and {target_spec} share no token: nothing can be drafted")
+    identity = adapters.identity_of(drafter_tok, target_tok, drafter_model)  # before int8 hides the weights
+    drafter_model = convert_drafter(drafter_model, drafter_dtype)
     ngrams = open_ngram_cache(drafter_tok, target_tok, cache or CacheOptions(), home)
-    drafter = make_drafter(drafter_model, bridge, target)
+    drafter = make_drafter(drafter_model, bridge, target, drafter_dtype)
     decoder = SpeculativeDecoder(target, drafter, bridge, ngrams)
-    slot = adapter_slot(drafter, identity, drafter_spec, target_spec, home)
+    slot = AdapterSlot(drafter, identity, adapters.pair_dir(drafter_spec, target_spec, home))
     decoder.observers.append(slot)
-    use_adapter(slot, adapter, drafter_dtype, quiet)
+    use_adapter(slot, adapter, quiet)
     return Pipeline(decoder, target_spec, drafter_spec, target_model, drafter_model, slot)
 
 
-def adapter_identity(drafter_tok, target_tok, drafter_model):
-    from omnidraft.train import adapter_store
-
-    return adapter_store.identity_of(drafter_tok, target_tok, drafter_model)
-
-
-def adapter_slot(drafter: Drafter, identity, drafter_spec: str, target_spec: str, home=None):
-    """The pair's adapter slot: what an adapter must match, and the folder it lives in."""
-    from omnidraft.train import adapter_store
-    from omnidraft.train.online import AdapterSlot
-
-    return AdapterSlot(drafter, identity, adapter_store.pair_dir(drafter_spec, target_spec, home))
-
-
-def precheck_adapter(adapter: str) -> None:
+def precheck_adapter(adapter: str, drafter_dtype: str) -> None:
     """What can be checked of an explicit adapter folder before any model is loaded."""
-    from omnidraft.train import adapter_store
-
     folder = Path(adapter).expanduser()
     try:
+        if drafter_dtype == "int8":
+            raise adapters.AdapterProblem(INT8_NO_ADAPTER)
         if not folder.is_dir():
-            raise adapter_store.AdapterProblem(f"no adapter folder at {folder}")
-        version_dir = adapter_store.current_version_dir(folder)
+            raise adapters.AdapterProblem(f"no adapter folder at {folder}")
+        version_dir = adapters.current_version_dir(folder)
         if version_dir is None:
-            raise adapter_store.AdapterProblem(f"{folder} holds no published adapter")
-        adapter_store.read_meta(version_dir)
-    except adapter_store.AdapterProblem as exc:
+            raise adapters.AdapterProblem(f"{folder} holds no published adapter")
+        adapters.read_meta(version_dir)
+    except adapters.AdapterProblem as exc:
         raise OmnidraftError(f"--adapter {adapter}: {exc}") from None
 
 
-def use_adapter(slot, adapter: str, drafter_dtype: str, quiet: bool = False) -> None:
+def use_adapter(slot: AdapterSlot, adapter: str, quiet: bool = False) -> None:
     """Load the adapter ``adapter`` names into ``slot`` (see :func:`load_pipeline`).
 
     An explicit path that is missing, corrupt or made for another pair is an error; with "auto"
     such an adapter is reported in one line and not used.
     """
-    from omnidraft.train import adapter_store
-
     if adapter == "none":
         return
     explicit = adapter != "auto"
     folder = Path(adapter).expanduser() if explicit else slot.folder
     try:
         if explicit and not folder.is_dir():
-            raise adapter_store.AdapterProblem(f"no adapter folder at {folder}")
-        loaded = adapter_store.load(folder, slot.identity)
+            raise adapters.AdapterProblem(f"no adapter folder at {folder}")
+        loaded = adapters.load(folder, slot.identity)
         if loaded is None:
             if explicit:
-                raise adapter_store.AdapterProblem(f"{folder} holds no published adapter")
+                raise adapters.AdapterProblem(f"{folder} holds no published adapter")
             return
-        if drafter_dtype == "int8":
-            raise adapter_store.AdapterProblem("an int8 drafter cannot take a LoRA adapter; use --drafter-dtype bfloat16 or float32")
         slot.use(loaded)
-    except (adapter_store.AdapterProblem, ValueError) as exc:
+    except (adapters.AdapterProblem, ValueError) as exc:
         if explicit:
             raise OmnidraftError(f"--adapter {adapter}: {exc}") from None
-        print(f"omnidraft: warning: {exc}; running without an adapter (--adapter none hides this)", file=sys.stderr)
+        warn(f"{exc}; running without an adapter (--adapter none hides this)")
         return
-    _log(f"adapter {slot.description}", quiet)
+    except OSError as exc:  # an adapter folder we may not read
+        raise OmnidraftError(f"cannot read the adapter in {folder}: {exc.strerror or exc}") from None
+    if not quiet:
+        notice(f"adapter {slot.description}")
 
 
 def encode_prompt(tokenizer, text: str, chat: bool = False, system: str | None = None) -> list[int]:

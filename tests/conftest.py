@@ -44,7 +44,7 @@ def real_pipeline(real_models):
     """target spec -> (SpeculativeDecoder with SmolLM2 drafter, target model, target tokenizer)."""
     from omnidraft.decode import SpeculativeDecoder
     from omnidraft.runtime import build_bridge, make_drafter
-    from omnidraft.target import LocalTarget
+    from omnidraft.target import TorchTarget
 
     cache: dict = {}
 
@@ -52,7 +52,7 @@ def real_pipeline(real_models):
         if target_spec not in cache:
             d_model, d_tok = real_models(DRAFTER)
             t_model, t_tok = real_models(target_spec)
-            target = LocalTarget(t_model, t_tok)
+            target = TorchTarget(t_model, t_tok)
             bridge = build_bridge(d_model, d_tok, t_model, t_tok)
             cache[target_spec] = (SpeculativeDecoder(target, make_drafter(d_model, bridge, target), bridge), t_model, t_tok)
         return cache[target_spec]

@@ -9,12 +9,15 @@ import pytest
 import torch
 from tiny import tiny_model, tiny_pair
 
+from omnidraft.adapter import head as accept_head
+from omnidraft.adapter import store as adapter_store
 from omnidraft.config import DecodeConfig
 from omnidraft.decode import SpeculativeDecoder
 from omnidraft.errors import OmnidraftError
 from omnidraft.runtime import make_drafter
-from omnidraft.train import accept_head, adapter_store
+from omnidraft.train.accept_head import state_of, weighted_bce
 from omnidraft.train.distill import _auc
+from omnidraft.train.publish import save as publish
 
 
 def test_weighted_bce_matches_hand_computed_values():
@@ -23,9 +26,9 @@ def test_weighted_bce_matches_hand_computed_values():
     # −[0.25·log σ(−1) + 0.75·log σ(1)], weighted 0.25 + 3·0.75.
     soft = -(0.25 * math.log(1 / (1 + math.e)) + 0.75 * math.log(1 / (1 + math.exp(-1))))
     expected = math.log(2) + 3 * math.log(1 + math.e ** 2) + (0.25 + 3 * 0.75) * soft
-    assert float(accept_head.weighted_bce(logit, label, reject_weight=3.0)) == pytest.approx(expected, rel=1e-5)
+    assert float(weighted_bce(logit, label, reject_weight=3.0)) == pytest.approx(expected, rel=1e-5)
     plain = math.log(2) + math.log(1 + math.e ** 2) + soft
-    assert float(accept_head.weighted_bce(logit, label)) == pytest.approx(plain, rel=1e-5)
+    assert float(weighted_bce(logit, label)) == pytest.approx(plain, rel=1e-5)
 
 
 def test_stop_rule_is_eq_6_and_7():
@@ -64,12 +67,12 @@ def test_auc_by_ranks():
 
 def test_head_state_round_trips_and_refuses_another_width():
     head = accept_head.AcceptHead(8, width=4)
-    again = accept_head.from_state(accept_head.state_of(head), 8)
+    again = accept_head.from_state(state_of(head), 8)
     x = torch.randn(3, 8 + accept_head.CONFIDENCE_FEATURES)
     assert torch.equal(head(x), again(x))
     with pytest.raises(ValueError, match="does not fit"):
-        accept_head.from_state(accept_head.state_of(head), 16)
-    broken = accept_head.state_of(head)
+        accept_head.from_state(state_of(head), 16)
+    broken = state_of(head)
     broken["mlp.2.bias"] = torch.tensor([float("nan")])
     with pytest.raises(ValueError, match="non-finite"):
         accept_head.from_state(broken, 8)
@@ -82,13 +85,13 @@ def test_adapter_store_keeps_the_head_and_flags_a_corrupt_one(tmp_path):
 
     model = get_peft_model(tiny_model(300, seed=0), lora_config(rank=4, alpha=4))
     head = accept_head.AcceptHead(int(model.get_base_model().config.hidden_size), width=4)
-    path = adapter_store.save(tmp_path / "pair", model, {"identity": {}}, accept_head.state_of(head))
+    path = publish(tmp_path / "pair", model, {"identity": {}}, state_of(head))
     loaded = adapter_store.load(tmp_path / "pair", None)
     assert loaded.head_state is not None and torch.equal(loaded.head_state["mlp.0.weight"], head.mlp[0].weight)
-    (path / accept_head.HEAD_FILE).write_bytes(b"not safetensors")
+    (path / adapter_store.HEAD_FILE).write_bytes(b"not safetensors")
     with pytest.raises(adapter_store.AdapterProblem, match="corrupt acceptance head"):
         adapter_store.load(tmp_path / "pair", None)
-    adapter_store.save(tmp_path / "bare", model, {"identity": {}})
+    publish(tmp_path / "bare", model, {"identity": {}})
     assert adapter_store.load(tmp_path / "bare", None).head_state is None  # an adapter without a head
 
 
@@ -100,7 +103,7 @@ def decoder():
 
 def _head_always(decoder: SpeculativeDecoder, logit: float) -> accept_head.AcceptHead:
     """A head that predicts sigmoid(logit) for every token."""
-    head = accept_head.AcceptHead(decoder.drafter.lm.model.config.hidden_size, width=4)
+    head = accept_head.AcceptHead(decoder.drafter.lm.hidden_size, width=4)
     with torch.no_grad():
         head.confidence.weight.zero_()
         head.confidence.bias.fill_(logit)

@@ -17,7 +17,10 @@ import torch
 from test_cli import assert_one_line_error, omnidraft
 from tiny import tiny_model
 
-from omnidraft.train import adapter_store, lora
+from omnidraft.adapter import store as adapter_store
+from omnidraft.adapter.merge import MergedLora
+from omnidraft.train import lora
+from omnidraft.train.publish import save as publish
 
 IDENTITY = adapter_store.Identity("d" * 16, "t" * 16, "a" * 16)
 
@@ -34,12 +37,12 @@ def _peft(seed: int = 0):
 
 def test_save_and_load_round_trip(tmp_path):
     peft_model = _peft()
-    path = adapter_store.save(tmp_path / "pair", peft_model, {"identity": vars(IDENTITY), "updates": 3})
+    path = publish(tmp_path / "pair", peft_model, {"identity": vars(IDENTITY), "updates": 3})
     loaded = adapter_store.load(tmp_path / "pair", IDENTITY)
     assert loaded.path == path and loaded.version == 1 and loaded.meta["updates"] == 3 and loaded.scaling == 2.0
     assert set(loaded.state) == set(lora.lora_state(peft_model))
-    adapter_store.save(tmp_path / "pair", peft_model, {"identity": vars(IDENTITY)})
-    adapter_store.save(tmp_path / "pair", peft_model, {"identity": vars(IDENTITY)})
+    publish(tmp_path / "pair", peft_model, {"identity": vars(IDENTITY)})
+    publish(tmp_path / "pair", peft_model, {"identity": vars(IDENTITY)})
     assert adapter_store.load(tmp_path / "pair", IDENTITY).version == 3
     versions = sorted(p.name for p in (tmp_path / "pair").iterdir() if p.name.startswith("v"))
     assert versions == ["v000002", "v000003"]  # older versions are pruned
@@ -54,7 +57,7 @@ def test_nothing_published_yet_is_not_an_error(tmp_path):
 @pytest.mark.parametrize("damage", ["weights", "meta", "current", "nan", "identity"])
 def test_damaged_or_foreign_adapters_are_refused(tmp_path, damage):
     peft_model = _peft()
-    path = adapter_store.save(tmp_path / "pair", peft_model, {"identity": vars(IDENTITY)})
+    path = publish(tmp_path / "pair", peft_model, {"identity": vars(IDENTITY)})
     if damage == "weights":
         (path / adapter_store.WEIGHTS_FILE).write_bytes(b"\x00garbage" * 10)
     elif damage == "meta":
@@ -80,7 +83,7 @@ def test_merged_lora_equals_peft_forward_and_refuses_a_wrong_shape():
     peft_model = _peft(seed=1)
     plain = tiny_model(64, seed=1)  # same base weights
     ids = torch.tensor([[1, 5, 9, 3, 7]])
-    merged = lora.MergedLora(plain)
+    merged = MergedLora(plain)
     merged.apply(lora.lora_state(peft_model), scaling=2.0)
     with torch.no_grad():
         assert torch.allclose(plain(ids).logits, peft_model(input_ids=ids).logits, atol=1e-5)
@@ -97,7 +100,9 @@ WRITER = textwrap.dedent("""
     import sys, torch
     sys.path.insert(0, {tests!r})
     from tiny import tiny_model
-    from omnidraft.train import adapter_store, lora
+    from pathlib import Path
+    from omnidraft.train import lora
+    from omnidraft.train.publish import save as publish
     model = lora.attach(tiny_model(64, 0), lora.lora_config(rank=4, alpha=8))
     i = 0
     while True:
@@ -105,7 +110,7 @@ WRITER = textwrap.dedent("""
             for name, p in model.named_parameters():
                 if "lora_B" in name:
                     p.fill_(float(i))
-        adapter_store.save(adapter_store.Path({folder!r}), model, {{"identity": {identity!r}, "step": i}})
+        publish(Path({folder!r}), model, {{"identity": {identity!r}, "step": i}})
         print(i, flush=True)
         i += 1
 """)
@@ -130,7 +135,7 @@ def test_a_writer_killed_at_any_moment_leaves_a_loadable_adapter(tmp_path, round
     step = loaded.meta["step"]
     b_values = {float(v.flatten()[0]) for k, v in loaded.state.items() if "lora_B" in k}
     assert b_values == {float(step)}  # the weights belong to the version the metadata names
-    adapter_store.save(folder, _peft(), {"identity": vars(IDENTITY)})  # and the next writer goes on
+    publish(folder, _peft(), {"identity": vars(IDENTITY)})  # and the next writer goes on
     assert adapter_store.load(folder, IDENTITY).version > loaded.version
     assert not list(folder.glob(".tmp-*"))  # the killed writer's leftovers were swept
 
@@ -138,7 +143,7 @@ def test_a_writer_killed_at_any_moment_leaves_a_loadable_adapter(tmp_path, round
 def test_cli_adapters_list_show_remove_and_a_corrupt_adapter_path(tmp_path):
     home = tmp_path / "home"
     pair = home / "adapters" / "smollm2-135m--qwen2.5-coder-0.5b"
-    adapter_store.save(pair, _peft(), {"identity": vars(IDENTITY), "updates": 2, "records_seen": 16,
+    publish(pair, _peft(), {"identity": vars(IDENTITY), "updates": 2, "records_seen": 16,
                                        "history": [{"loss": 0.5, "dm_kl": 0.4, "ngram_nll": 2.0, "expected_acceptance": 0.6,
                                                     "top1_agreement": 0.7, "dm_tokens": 100, "ngram_tokens": 10, "seconds": 3.0},
                                                    {"loss": 0.4, "dm_kl": 0.3, "ngram_nll": 1.9, "expected_acceptance": 0.65,

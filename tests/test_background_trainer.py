@@ -11,9 +11,9 @@ import pytest
 import torch
 from tiny import tiny_model, tiny_tokenizer
 
-from omnidraft.train import adapter_store
+from omnidraft.adapter import store as adapter_store
 from omnidraft.train.background import BackgroundTrainer, TrainerSetup
-from omnidraft.train.distill import TrainConfig
+from omnidraft.train.config import TrainConfig
 from omnidraft.train.records import Example
 
 VOCAB = 64
@@ -40,8 +40,8 @@ def _example(seed: int, length: int = 24) -> Example:
 
 def _trainer(folder, tmp_path, interval=2) -> BackgroundTrainer:
     setup = TrainerSetup(drafter_spec=str(folder), home=str(tmp_path), adapter_folder=str(tmp_path / "pair"),
-                         dm_mask=np.ones(VOCAB, dtype=bool), config=TrainConfig(lr=1e-3, batch_size=2, rank=4, alpha=4),
-                         interval=interval, meta={"identity": {"drafter_vocab": "x"}}, nice=0)
+                         dm_mask=np.ones(VOCAB, dtype=bool), config=TrainConfig(lr=1e-3, batch_size=2, rank=4, alpha=4, interval=interval),
+                         meta={"identity": {"drafter_vocab": "x"}}, nice=0)
     return BackgroundTrainer(setup)
 
 
@@ -95,7 +95,7 @@ def test_a_failing_update_is_reported_and_training_goes_on(drafter_folder, tmp_p
 def test_a_trainer_that_cannot_start_is_reported_once(tmp_path):
     setup = TrainerSetup(drafter_spec=str(tmp_path / "no-such-model"), home=str(tmp_path),
                          adapter_folder=str(tmp_path / "pair"), dm_mask=np.ones(VOCAB, dtype=bool),
-                         config=TrainConfig(), interval=1, nice=0)
+                         config=TrainConfig(interval=1), nice=0)
     trainer = BackgroundTrainer(setup)
     deadline = time.monotonic() + 120
     while trainer.alive and time.monotonic() < deadline:

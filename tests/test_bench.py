@@ -15,7 +15,7 @@ from omnidraft.bench.report import markdown_table
 from omnidraft.bench.runner import PromptRun, interleave, our_mode, run_bench, summarize
 from omnidraft.config import DecodeConfig
 from omnidraft.decode import SpeculativeDecoder
-from omnidraft.target import LocalTarget
+from omnidraft.target import TorchTarget
 
 
 def test_interleave_runs_every_mode_per_prompt_in_turn():
@@ -48,7 +48,7 @@ def test_summarize_ratios_and_identity():
 
 def test_run_bench_on_a_tiny_model_shares_prompts_and_orders_runs():
     tok = tiny_tokenizer(300)
-    target = LocalTarget(tiny_model(len(tok), seed=3), tok)
+    target = TorchTarget(tiny_model(len(tok), seed=3), tok)
     seen = []
 
     def spy(name, fn):

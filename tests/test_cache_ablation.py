@@ -11,10 +11,7 @@ from fractions import Fraction
 
 import pytest
 from conftest import DRAFTER, TEST_HOME
-from test_cli import assert_one_line_error, omnidraft
-from tiny import DRAFTER_CORPUS, tiny_pair, tiny_tokenizer
-
-from omnidraft.bench.cache_ablation import (
+from omnidraft.experiments.cache_ablation import (
     FULL,
     NO_CACHE,
     TARGET,
@@ -25,24 +22,28 @@ from omnidraft.bench.cache_ablation import (
     capped_configs,
     config_names,
     curve_at,
-    fresh_store,
     next_point,
     reopen_frozen,
     run_streams,
     speculative_config,
 )
-from omnidraft.bench.cache_report import (
+from omnidraft.experiments.cache_report import (
     ablation_table,
     growth_summary,
     plot_growth,
     stream_table,
     write_ablation,
 )
+from test_cli import assert_one_line_error, omnidraft
+from tiny import DRAFTER_CORPUS, tiny_pair, tiny_tokenizer
+
 from omnidraft.bench.runner import PromptRun, summarize
 from omnidraft.config import DecodeConfig
 from omnidraft.errors import OmnidraftError
 from omnidraft.ngram import NgramTrie
+from omnidraft.ngram.store import fresh_store
 from omnidraft.runtime import make_drafter
+from omnidraft.vocab.translate import TokenTranslator
 
 PAIR = "0123456789ab-ba9876543210"
 
@@ -176,23 +177,29 @@ def test_drafter_root_mask_follows_the_cache_it_is_given():
     """One drafter serves every configuration; two caches with equal versions/lengths but
     different keys must not share the memo of non-direct-mapped first sub-tokens."""
     d_model, target, bridge = tiny_pair()
-    drafter = make_drafter(d_model, bridge, target)
-    unmapped = [d for d, t in enumerate(bridge.d2t_list) if t < 0 and d < len(drafter.dm_bias)][:2]
+    vocab = make_drafter(d_model, bridge, target).lm.vocab_size
+    unmapped = [d for d, t in enumerate(bridge.d2t_list) if t < 0 and d < vocab][:2]
     assert len(unmapped) == 2
     first, second = NgramTrie(), NgramTrie()
     first.add([unmapped[0], 5], 7)
     second.add([unmapped[1], 5], 7)
-    assert drafter._root_extras(first).tolist() == [unmapped[0]]
-    assert drafter._root_extras(second).tolist() == [unmapped[1]]
-    assert drafter._root_extras(first).tolist() == [unmapped[0]]
+
+    def root_extras(cache: NgramTrie) -> list[int]:
+        translator.propose = cache  # what the decoder does when one bridge serves several caches
+        return translator.root_extras(vocab).tolist()
+
+    translator = TokenTranslator(bridge, target.vocab_size, first, first)
+    assert root_extras(first) == [unmapped[0]]
+    assert root_extras(second) == [unmapped[1]]
+    assert root_extras(first) == [unmapped[0]]
 
 
 # ---- CLI -----------------------------------------------------------------------------------------
 def test_ablation_arguments_are_checked_before_loading():
-    assert_one_line_error(omnidraft("bench", "--ablation", "cache", "--modes", "greedy"), "--modes")
-    assert_one_line_error(omnidraft("bench", "--ablation", "cache", "--cache-size", "5"), "--cache-size")
-    assert_one_line_error(omnidraft("bench", "--ablation", "cache", "--stream-n", "0"), "--stream-n")
-    assert_one_line_error(omnidraft("bench", "--stream-n", "4"), "--ablation")
+    assert_one_line_error(omnidraft("experiment", "cache", "--modes", "greedy"), "--modes")
+    assert_one_line_error(omnidraft("experiment", "cache", "--cache-size", "5"), "--cache-size")
+    assert_one_line_error(omnidraft("experiment", "cache", "--stream-n", "0"), "--stream-n")
+    assert_one_line_error(omnidraft("bench", "--stream-n", "4"), "--stream-n")
     assert_one_line_error(omnidraft("bench", "--freeze-cache"), "--ngram-cache home")
     assert_one_line_error(omnidraft("bench", "--cache-policy", "lfu"), "--cache-size")
 
@@ -230,7 +237,7 @@ def test_plain_bench_cache_options_pick_the_store(tmp_path, monkeypatch):
 def test_ablation_needs_enough_prompts(tmp_path):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"prompt": "a"}\n{"prompt": "b"}\n{"prompt": "c"}\n')
-    assert_one_line_error(omnidraft("bench", "--ablation", "cache", "--prompts", str(prompts), "--stream-n", "2", "--n", "2"),
+    assert_one_line_error(omnidraft("experiment", "cache", "--prompts", str(prompts), "--stream-n", "2", "--n", "2"),
                           "--offset + --stream-n + --n = 4")
 
 
@@ -256,7 +263,7 @@ def test_cache_ablation_cli_smoke(tmp_path):
     (TEST_HOME / "models").mkdir(exist_ok=True)  # run alone on a fresh clone, nothing has made it yet
     (home / "models").symlink_to(TEST_HOME / "models", target_is_directory=True)
     env = dict(os.environ, OMNIDRAFT_HOME=str(home))
-    proc = subprocess.run([sys.executable, "-m", "omnidraft", "bench", "--ablation", "cache", "--drafter", DRAFTER,
+    proc = subprocess.run([sys.executable, "-m", "omnidraft", "experiment", "cache", "--drafter", DRAFTER,
                            "--target", "builtin:qwen2.5-coder-0.5b", "--prompts", str(prompts), "--stream-n", "4",
                            "--n", "2", "--max-new-tokens", "16", "--out", str(out)],
                           capture_output=True, text=True, env=env, timeout=900)

@@ -49,8 +49,10 @@ def test_fast_path_is_scoped_to_enabled():
 
 
 def test_translate_option_is_validated():
-    assert DecodeConfig(verify="greedy").text_translation
-    assert not DecodeConfig(verify="omnidraft", temperature=0.7).text_translation
+    from omnidraft.verify import rule_info
+
+    assert rule_info("greedy").translations[0] == "text"  # what --translate auto picks
+    assert rule_info("omnidraft").translations == ("tokens",)
     with pytest.raises(OmnidraftError):
         DecodeConfig(verify="tli", temperature=0.5, translate="text").validate()
     with pytest.raises(OmnidraftError):

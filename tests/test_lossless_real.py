@@ -11,7 +11,7 @@ import pytest
 import torch
 from conftest import TARGETS
 
-from omnidraft.decode import DecodeConfig
+from omnidraft.config import DecodeConfig
 from omnidraft.runtime import encode_prompt
 
 NEW_TOKENS = 64

@@ -21,18 +21,18 @@ import pytest
 
 from omnidraft.cli import cache as cache_cli
 from omnidraft.errors import OmnidraftError
-from omnidraft.ngram.store import (
+from omnidraft.ngram.files import (
     FORMAT_VERSION,
     NGRAM_TABLE,
-    PersistentNgramCache,
     decode_key,
     decode_value,
     default_store_path,
     encode_key,
     initialize_store,
     list_store_paths,
-    pair_id,
 )
+from omnidraft.ngram.store import PersistentNgramCache
+from omnidraft.vocab.identity import pair_id
 from omnidraft.ngram.trie import NgramTrie
 
 PAIR = "aaaa1111-bbbb2222"

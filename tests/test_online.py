@@ -13,7 +13,7 @@ import pytest
 import torch
 from conftest import DRAFTER, TEST_HOME
 
-from omnidraft.bench.online import RecordCache, checkpoints_for, markdown
+from omnidraft.experiments.online import RecordCache, checkpoints_for, markdown
 from omnidraft.train.records import Record
 
 REPO = Path(__file__).resolve().parents[1]
@@ -108,7 +108,7 @@ def test_adapt_trains_the_pairs_adapter_and_generate_uses_it(home):
 def test_online_bench_short_real_run(home, tmp_path):
     out = tmp_path / "online"
     adapters_before = sorted(str(p) for p in (home / "adapters").rglob("*")) if (home / "adapters").exists() else []
-    proc = _cli(home, "bench", "--ablation", "online", "--prompts", "humaneval", "--stream-n", "4", "--n", "2",
+    proc = _cli(home, "experiment", "online", "--prompts", "humaneval", "--stream-n", "4", "--n", "2",
                 "--max-new-tokens", "16", "--checkpoints", "1", "--interval", "2", "--out", str(out))
     assert proc.returncode == 0, proc.stderr
     result = json.loads((out / "results.json").read_text())

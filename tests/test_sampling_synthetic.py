@@ -12,11 +12,12 @@ import torch
 from scipy.stats import chisquare
 from tiny import tiny_pair
 
-from omnidraft.decode import DecodeConfig, SpeculativeDecoder
+from omnidraft.config import DecodeConfig
+from omnidraft.decode import SpeculativeDecoder
 from omnidraft.ngram import NgramTrie
 from omnidraft.runtime import make_drafter
-from omnidraft.target import LocalTarget
-from omnidraft.verify import probs_from_logits
+from omnidraft.target import TorchTarget
+from omnidraft.verify.sampling import probs_from_logits
 
 SAMPLES = 2500
 TEMPERATURE = 0.8
@@ -40,7 +41,7 @@ def first_token_counts(decoder: SpeculativeDecoder, prompt: list[int], verify: s
     return counts, ngram_hits
 
 
-def target_p(target: LocalTarget, prompt: list[int]) -> torch.Tensor:
+def target_p(target: TorchTarget, prompt: list[int]) -> torch.Tensor:
     return probs_from_logits(target.score(prompt, 0)[0], TEMPERATURE)
 
 
@@ -69,7 +70,7 @@ def test_rejection_sampling_is_not_vacuous(pair):
     prompt = target.tokenizer.encode("the cat sat on")
     drafter = make_drafter(d_model, bridge, target)
     d_ctx = bridge.target_to_drafter(prompt)
-    q = probs_from_logits(drafter.lm.logits_for(d_ctx)[0] + drafter.dm_bias, TEMPERATURE)
+    q = probs_from_logits(drafter.lm.logits_for(d_ctx) + bridge.dm_bias, TEMPERATURE)
     q_t = torch.zeros(target.vocab_size).index_add_(0, bridge.d2t[bridge.dm_mask], q[bridge.dm_mask])
     gen = torch.Generator().manual_seed(0)
     counts = torch.bincount(torch.multinomial(q_t, SAMPLES, replacement=True, generator=gen), minlength=target.vocab_size).float()

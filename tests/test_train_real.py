@@ -9,11 +9,13 @@ import pytest
 import torch
 from conftest import DRAFTER, TEST_HOME
 
+from omnidraft.adapter import store as adapter_store
 from omnidraft.config import DecodeConfig
 from omnidraft.decode import SpeculativeDecoder
 from omnidraft.runtime import CacheOptions, encode_prompt, load_pipeline
-from omnidraft.train import adapter_store
-from omnidraft.train.distill import Distiller, TrainConfig
+from omnidraft.train.config import TrainConfig
+from omnidraft.train.distill import Distiller
+from omnidraft.train.publish import save as publish
 from omnidraft.train.records import Recorder, preimage_table, to_example
 
 TARGET = "builtin:qwen2.5-coder-0.5b"
@@ -58,7 +60,7 @@ def test_short_run_loss_falls_and_the_adapter_reloads_into_the_drafter(pipe, exa
     assert after.dm_tokens == before.dm_tokens > 40 and after.ngram_tokens == before.ngram_tokens
 
     slot = pipe.adapter_slot
-    saved = adapter_store.save(tmp_path / "pair", distiller.model, {"identity": vars(slot.identity)})
+    saved = publish(tmp_path / "pair", distiller.model, {"identity": vars(slot.identity)})
     loaded = adapter_store.load(tmp_path / "pair", slot.identity)
     assert loaded is not None and loaded.path == saved and loaded.scaling == 1.0
 
@@ -91,7 +93,7 @@ def test_acceptance_head_learns_reloads_and_only_shortens_drafts(pipe, examples,
     assert after.head_auc > 0.75
 
     slot = pipe.adapter_slot
-    adapter_store.save(tmp_path / "pair", distiller.model, {"identity": vars(slot.identity)}, distiller.head_state())
+    publish(tmp_path / "pair", distiller.model, {"identity": vars(slot.identity)}, distiller.head_state())
     loaded = adapter_store.load(tmp_path / "pair", slot.identity)
     assert loaded.head_state is not None
     prompt = encode_prompt(pipe.target_tokenizer, PROMPTS[2][0], chat=True)
@@ -129,7 +131,7 @@ def test_head_replay_refits_on_earlier_prompts(pipe, examples):
 def test_adapter_for_another_pair_is_refused(pipe, examples, tmp_path):
     distiller = Distiller(copy.deepcopy(pipe.drafter_model), pipe.decoder.bridge.dm_mask, TrainConfig())
     other = adapter_store.Identity("0" * 16, pipe.adapter_slot.identity.target_vocab, pipe.adapter_slot.identity.drafter_arch)
-    adapter_store.save(tmp_path / "pair", distiller.model, {"identity": vars(other)})
+    publish(tmp_path / "pair", distiller.model, {"identity": vars(other)})
     with pytest.raises(adapter_store.AdapterProblem, match="another drafter/target pair"):
         adapter_store.load(tmp_path / "pair", pipe.adapter_slot.identity)
 
@@ -145,7 +147,7 @@ def test_generation_goes_on_while_training_and_after_the_trainer_fails(pipe, exa
 
     # nice 0: at the default 19 a busy machine (other tests, other jobs) could starve the trainer
     # for minutes; the yielding under test here is the trainer's own wait while a request decodes.
-    learner = OnlineLearning(pipe, TrainConfig(batch_size=2), interval=1, home=str(TEST_HOME),
+    learner = OnlineLearning(pipe, TrainConfig(batch_size=2, interval=1), home=str(TEST_HOME),
                              save_to=tmp_path / "pair", nice=0)
     try:
         assert pipe.decoder.generate(prompts[0], config).token_ids == expected[0]  # submits a record: training starts

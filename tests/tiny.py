@@ -44,9 +44,9 @@ DRAFTER_CORPUS = CORPUS[1::4] * 3 + CORPUS[3::4]
 def tiny_pair():
     """(drafter model, target, bridge) of the standard tiny pair: different vocabularies, shared bytes."""
     from omnidraft.runtime import build_bridge
-    from omnidraft.target import LocalTarget
+    from omnidraft.target import TorchTarget
 
     d_tok, t_tok = tiny_tokenizer(330, DRAFTER_CORPUS), tiny_tokenizer(420)
     d_model, t_model = tiny_model(len(d_tok), seed=1), tiny_model(len(t_tok), seed=2)
-    target = LocalTarget(t_model, t_tok)
+    target = TorchTarget(t_model, t_tok)
     return d_model, target, build_bridge(d_model, d_tok, t_model, t_tok)

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 
+from omnidraft.fsutil import atomic_write
 
-def _fmt(value, spec: str = ".2f") -> str:
+
+def fmt(value, spec: str = ".2f") -> str:
     return "–" if value is None else format(value, spec)
 
 
@@ -20,27 +20,20 @@ def markdown_table(summary: dict[str, dict]) -> str:
         split = r["time_split_s"]
         ident = r.get("identical_to_target")
         lines.append(
-            f"| {mode} | {r['tokens_per_s']:.2f} | {_fmt(r['speedup_vs_target'])}× | {_fmt(r['speedup_vs_target_mean'])}× | "
-            f"{_fmt(r['acceptance_rate'])} | {_fmt(r['tokens_per_target_forward'])} | "
+            f"| {mode} | {r['tokens_per_s']:.2f} | {fmt(r['speedup_vs_target'])}× | {fmt(r['speedup_vs_target_mean'])}× | "
+            f"{fmt(r['acceptance_rate'])} | {fmt(r['tokens_per_target_forward'])} | "
             f"{r['ngram_hits_accepted']}/{r['ngram_hits_proposed']} | "
             f"{split['draft']:.1f}/{split['verify']:.1f}/{split['bridge']:.1f}/{split['other']:.1f} | "
             f"{'–' if ident is None else ('yes' if ident else 'NO')} |")
     return "\n".join(lines) + "\n"
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-")
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(data)
-    os.replace(tmp, path)
-
-
 def write_results(out_dir: Path, meta: dict, summary: dict[str, dict]) -> list[Path]:
     """results.json, results.md, speedup.png, time_split.png under ``out_dir``."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    _atomic_write(out_dir / "results.json", json.dumps({"meta": meta, "modes": summary}, indent=1).encode())
+    atomic_write(out_dir / "results.json", json.dumps({"meta": meta, "modes": summary}, indent=1).encode())
     md = f"# omnidraft bench\n\n{meta_line(meta)}\n\n{markdown_table(summary)}"
-    _atomic_write(out_dir / "results.md", md.encode())
+    atomic_write(out_dir / "results.md", md.encode())
     return [out_dir / "results.json", out_dir / "results.md"] + plot(out_dir, summary)
 
 

@@ -17,7 +17,7 @@ import torch
 
 from omnidraft.config import DecodeConfig
 from omnidraft.decode import SpeculativeDecoder
-from omnidraft.ngram.trie import NgramTrie
+from omnidraft.ngram.trie import NgramCache, NgramTrie
 
 # greedy: text translation (our default); greedy-ngram: the paper's token mapping + n-gram cache;
 # greedy-nocache: token mapping alone. tli / omnidraft: rejection sampling at --temperature.
@@ -100,11 +100,10 @@ def our_mode(decoder: SpeculativeDecoder, config: DecodeConfig) -> ModeFn:
     def run(prompt_ids: list[int]) -> PromptRun:
         result = decoder.generate(prompt_ids, config)
         s = result.stats
-        other = max(s.wall_s - s.draft_s - s.verify_s - s.bridge_s, 0.0)
         drafting = decoder.drafter is not None
         return PromptRun(result.token_ids, s.wall_s, s.target_forwards, s.drafted_tokens, s.proposed_tokens,
                          s.accepted_tokens, s.acceptance_rate if drafting else None, s.ngram_hits_proposed,
-                         s.ngram_hits_accepted, {"draft": s.draft_s, "verify": s.verify_s, "bridge": s.bridge_s, "other": other})
+                         s.ngram_hits_accepted, {"draft": s.draft_s, "verify": s.verify_s, "bridge": s.bridge_s, "other": s.other_s})
 
     return run
 
@@ -155,7 +154,7 @@ def hf_mode(target_model, target_tok, max_new_tokens: int, assistant=None, assis
 
 
 def build_modes(pipe, modes: Sequence[str], base: DecodeConfig, temperature: float,
-                ngrams_factory: Callable[[], NgramTrie] = NgramTrie) -> dict[str, ModeFn]:
+                ngrams_factory: Callable[[], NgramCache] = NgramTrie) -> dict[str, ModeFn]:
     """Mode name -> runner, all sharing the pipeline's target engine, drafter and weights.
 
     ``base`` carries the shared knobs (max new tokens, draft length, confidence stop, seed).
@@ -166,7 +165,7 @@ def build_modes(pipe, modes: Sequence[str], base: DecodeConfig, temperature: flo
     def cfg(**kw) -> DecodeConfig:
         return replace(base, **kw)
 
-    def spec(config: DecodeConfig, ngrams: NgramTrie) -> ModeFn:
+    def spec(config: DecodeConfig, ngrams: NgramCache) -> ModeFn:
         return our_mode(SpeculativeDecoder(target, drafter, bridge, ngrams), config)
 
     table: dict[str, Callable[[], ModeFn]] = {

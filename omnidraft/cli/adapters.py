@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -27,44 +28,49 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _describe(folder: Path) -> dict:
-    """One adapter's row: its live version and counters, or what is wrong with it."""
-    from omnidraft.train import adapter_store
+    """One adapter's row: its live version and counters, or what is wrong with it. The weights are
+    read and checked too: "ok" means generate would use it."""
+    from omnidraft.adapter import store
 
     row: dict = {"name": folder.name, "path": str(folder), "bytes_on_disk": _size(folder)}
     try:
-        version_dir = adapter_store.current_version_dir(folder)
-        if version_dir is None:
-            return dict(row, status="empty")
-        meta = adapter_store.read_meta(version_dir)
-    except adapter_store.AdapterProblem as exc:
+        loaded = store.load(folder, None)
+    except store.AdapterProblem as exc:
         return dict(row, status=f"unusable: {exc}")
+    except OSError as exc:
+        return dict(row, status=f"unreadable: {exc.strerror or exc}")
+    if loaded is None:
+        return dict(row, status="empty")
+    meta = loaded.meta
     last = (meta.get("history") or [{}])[-1]
     return dict(row, status="ok", version=meta.get("version"), drafter=meta.get("drafter"), target=meta.get("target"),
                 updates=meta.get("updates", 0), records_seen=meta.get("records_seen", 0),
                 tokens_seen=meta.get("tokens_seen", 0), saved_at=meta.get("saved_at"),
-                last_update=last, train_config=meta.get("train_config"), history=meta.get("history", []))
+                last_update=last, train_config=meta.get("train_config"), history=meta.get("history", []),
+                head=loaded.head_state is not None)
 
 
 def _size(folder: Path) -> int:
-    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file() and not p.is_symlink())
 
 
 def _resolve(name: str) -> Path:
-    from omnidraft.train.adapter_store import adapters_root
+    """For show: a pair folder name under the home's adapters/, or any adapter folder path (read only)."""
+    from omnidraft.adapter.store import adapters_root
 
     path = Path(name).expanduser()
+    candidate = adapters_root() / name
+    if "/" not in name and name not in (".", "..") and candidate.is_dir():
+        return candidate
     if path.is_dir():
         return path
-    candidate = adapters_root() / name
-    if "/" not in name and candidate.is_dir():
-        return candidate
     raise OmnidraftError(f"no adapter named {name!r}; `omnidraft adapters list` shows them")
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from omnidraft.train import adapter_store
+    from omnidraft.adapter import store
 
-    rows = [_describe(folder) for folder in adapter_store.list_pairs()]
+    rows = [_describe(folder) for folder in store.list_pairs()]
     if args.json:
         print(json.dumps([{k: v for k, v in r.items() if k != "history"} for r in rows]))
         return 0
@@ -93,35 +99,46 @@ def cmd_show(args: argparse.Namespace) -> int:
             print(f"{key:13s} {row[key]}")
     if row.get("saved_at"):
         print(f"{'saved':13s} {_when(row['saved_at'])}")
-    if row.get("train_config"):
-        cfg = row["train_config"]
-        print(f"{'training':13s} loss {cfg['loss']} (n-gram weight {cfg['ngram_weight']}, λ {cfg['lam']}), lr {cfg['lr']}, "
-              f"rank {cfg['rank']}, alpha {cfg['alpha']}, batch {cfg['batch_size']}"
-              + (f"; acceptance head lr {cfg['head_lr']}, {cfg['head_epochs']} passes" if cfg.get("head") else ""))
+    cfg = row.get("train_config") or {}
+    if cfg:
+        print(f"{'training':13s} loss {cfg.get('loss')} (n-gram weight {cfg.get('ngram_weight')}, λ {cfg.get('lam')}), "
+              f"lr {cfg.get('lr')}, rank {cfg.get('rank')}, alpha {cfg.get('alpha')}, batch {cfg.get('batch_size')}"
+              + (f"; acceptance head lr {cfg.get('head_lr')}, {cfg.get('head_epochs')} passes" if cfg.get("head") else ""))
     history = row.get("history", [])
     if history:
         print("recent updates (measured on each update's own prompts, before its optimizer steps):")
         print("  loss     dm KL    n-gram NLL  exp. acceptance  top-1   tokens  head AUC  seconds")
         for h in history[-10:]:
-            auc = f"{h['head_auc']:.3f}" if h.get("head_positions") else "  –  "  # adapters from before the head
-            print(f"  {h['loss']:.4f}  {h['dm_kl']:.4f}  {h['ngram_nll']:.4f}      {h['expected_acceptance']:.3f}"
-                  f"            {h['top1_agreement']:.3f}   {h['dm_tokens'] + h['ngram_tokens']:6d}  {auc}     {h['seconds']:.1f}")
+            get = lambda k: h.get(k, 0)  # noqa: E731 - a short accessor for the row below
+            auc = f"{get('head_auc'):.3f}" if get("head_positions") else "  –  "  # adapters from before the head
+            print(f"  {get('loss'):.4f}  {get('dm_kl'):.4f}  {get('ngram_nll'):.4f}      {get('expected_acceptance'):.3f}"
+                  f"            {get('top1_agreement'):.3f}   {int(get('dm_tokens') + get('ngram_tokens')):6d}  {auc}     "
+                  f"{get('seconds'):.1f}")
     return 0
 
 
 def cmd_remove(args: argparse.Namespace) -> int:
-    from omnidraft.train import adapter_store
+    """Delete a pair's adapter: only a pair folder omnidraft made under ``<home>/adapters``."""
+    from omnidraft.adapter import store
 
-    folder = _resolve(args.name)
+    folder = store.owned_pair_folder(args.name)
     if not args.yes:
-        answer = input(f"remove every version of the adapter in {folder}? [y/N] ").strip().lower()
+        if not sys.stdin.isatty():
+            raise OmnidraftError(f"refusing to remove {folder} without --yes (no terminal to ask on)")
+        try:
+            answer = input(f"remove every version of the adapter in {folder}? [y/N] ").strip().lower()
+        except EOFError:
+            answer = ""
         if answer not in ("y", "yes"):
             print("nothing removed")
-            return 1
-    adapter_store.remove(folder)
+            return 0
+    store.remove(folder)
     print(f"removed {folder}")
     return 0
 
 
 def _when(ts: float | None) -> str:
-    return time.strftime("%Y-%m-%d %H:%M", time.localtime(ts)) if ts else "?"
+    try:
+        return time.strftime("%Y-%m-%d %H:%M", time.localtime(ts)) if ts else "?"
+    except (OverflowError, OSError, ValueError):
+        return "?"

@@ -11,20 +11,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
+from omnidraft.cli.options import integer
+from omnidraft.console import warn
 from omnidraft.errors import OmnidraftError
-from omnidraft.home import state_dir
-from omnidraft.ngram.store import (
-    PersistentNgramCache,
-    check_pair_id,
-    default_store_path,
-    list_store_paths,
-)
+from omnidraft.fsutil import atomic_write
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -36,7 +30,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     stats = actions.add_parser("stats", help="entries, size on disk and in memory, hit rates, top n-grams")
     stats.add_argument("--json", action="store_true", help="print one JSON document")
     stats.add_argument("--pair", help="only this tokenizer pair id (the store's file name)")
-    stats.add_argument("--top", type=int, default=10, help="how many top n-grams to show (default 10)")
+    stats.add_argument("--top", type=integer(0, 10_000), default=10, help="how many top n-grams to show (default 10)")
     stats.set_defaults(func=cmd_stats)
 
     clear = actions.add_parser("clear", help="delete every entry of the caches")
@@ -51,7 +45,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _store_paths(pair: str | None) -> list[Path]:
-    """The stores a command works on; an unknown ``--pair`` is a user error."""
+    """The stores a command works on; an unknown ``--pair`` is a user error. Creates nothing."""
+    from omnidraft.ngram.files import default_store_path, list_store_paths
+    from omnidraft.vocab.identity import check_pair_id
+
     if pair is None:
         return list_store_paths()
     try:
@@ -63,13 +60,21 @@ def _store_paths(pair: str | None) -> list[Path]:
     return [path]
 
 
-def _open_frozen(path: Path) -> PersistentNgramCache | None:
+def _open_frozen(path: Path):
     """Open read-only; None (after one line on stderr) for a file not named like a store."""
+    from omnidraft.ngram.store import PersistentNgramCache
+
     try:
         return PersistentNgramCache(path, path.stem, frozen=True)
     except ValueError as exc:
-        print(f"omnidraft: warning: skipping {path}: {exc}", file=sys.stderr)
+        warn(f"skipping {path}: {exc}")
         return None
+
+
+def _folder() -> Path:
+    from omnidraft.ngram.files import store_folder
+
+    return store_folder()
 
 
 def _human_bytes(n: int) -> str:
@@ -92,11 +97,11 @@ def cmd_stats(args: argparse.Namespace) -> int:
             continue
         caches.append(cache.stats(top=args.top))
     if args.json:
-        doc = {"cache_store": str(state_dir("cache_store")), "caches": caches, "problems": problems}
+        doc = {"cache_store": str(_folder()), "caches": caches, "problems": problems}
         print(json.dumps(doc, indent=2))
         return 0
     if not caches:
-        print(f"no n-gram caches under {state_dir('cache_store')}")
+        print(f"no n-gram caches under {_folder()}")
     for s in caches:
         _print_stats(s)
     return 0
@@ -120,20 +125,25 @@ def cmd_clear(args: argparse.Namespace) -> int:
     """Empty the selected stores (one transaction each); asks first unless ``--yes``."""
     paths = _store_paths(args.pair)
     if not paths:
-        print(f"no n-gram caches under {state_dir('cache_store')}")
+        print(f"no n-gram caches under {_folder()}")
         return 0
     if not args.yes:
         if not sys.stdin.isatty():
-            raise OmnidraftError(f"refusing to clear {len(paths)} n-gram cache(s) without --yes")
-        answer = input(f"Delete every entry of {len(paths)} n-gram cache(s)? [y/N] ")
+            raise OmnidraftError(f"refusing to clear {len(paths)} n-gram cache(s) without --yes (no terminal to ask on)")
+        try:
+            answer = input(f"Delete every entry of {len(paths)} n-gram cache(s)? [y/N] ")
+        except EOFError:
+            answer = ""
         if answer.strip().lower() not in ("y", "yes"):
             print("nothing cleared")
             return 0
+    from omnidraft.ngram.store import PersistentNgramCache
+
     for path in paths:
         try:
             cache = PersistentNgramCache(path, path.stem)
         except ValueError as exc:
-            print(f"omnidraft: warning: skipping {path}: {exc}", file=sys.stderr)
+            warn(f"skipping {path}: {exc}")
             continue
         with cache:
             removed = cache.clear()
@@ -142,8 +152,10 @@ def cmd_clear(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    """One JSON object per entry; written to a temporary file and renamed, so a failed export
-    never leaves a half-written FILE behind."""
+    """One JSON object per entry; written atomically, so a failed export never leaves a
+    half-written FILE behind."""
+    if args.file != "-" and Path(args.file).is_dir():
+        raise OmnidraftError(f"cannot export to {args.file}: it is a directory; give a file name")
     lines: list[str] = []
     for path in _store_paths(args.pair):
         cache = _open_frozen(path)
@@ -157,22 +169,6 @@ def cmd_export(args: argparse.Namespace) -> int:
     if args.file == "-":
         sys.stdout.write(text)
         return 0
-    _write_atomic(Path(args.file), text)
+    atomic_write(args.file, text)
     print(f"exported {len(lines)} entries to {args.file}", file=sys.stderr)
     return 0
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    directory = path.resolve().parent
-    if not directory.is_dir():
-        raise OmnidraftError(f"cannot write {path}: directory {directory} does not exist")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

@@ -10,6 +10,7 @@ that keeps hit counts and recency (LRU/LFU eviction); here they only count.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from typing import Protocol
 
 
 class TrieNode:
@@ -22,12 +23,31 @@ class TrieNode:
         self.target: int = -1
 
 
+class NgramCache(Protocol):
+    """What the decode loop needs from an n-gram cache (in memory or persistent).
+
+    ``version`` changes whenever the key set or a target changes, so a consumer that derives
+    something from the trie (the drafter's mask of first sub-tokens) can tell it is stale.
+    """
+
+    root: TrieNode
+    version: int
+
+    def __len__(self) -> int: ...
+    def add(self, drafter_ids: Sequence[int], target_id: int) -> bool: ...
+    def longest_match(self, ids: Sequence[int], start: int = 0) -> tuple[int, int] | None: ...
+    def note_proposed(self, drafter_ids: Sequence[int]) -> None: ...
+    def note_accepted(self, drafter_ids: Sequence[int]) -> None: ...
+    def flush(self) -> None: ...
+
+
 class NgramTrie:
-    """Drafter-token sequence -> target token id, with longest-prefix matching."""
+    """Drafter-token sequence -> target token id, with longest-prefix matching (in memory)."""
 
     def __init__(self) -> None:
         self.root = TrieNode()
         self._size = 0
+        self.version = 0
         self.hits_proposed = 0
         self.hits_accepted = 0
 
@@ -44,6 +64,8 @@ class NgramTrie:
         is_new = node.target < 0
         if is_new:
             self._size += 1
+        if node.target != int(target_id):
+            self.version += 1
         node.target = int(target_id)
         return is_new
 
@@ -59,6 +81,7 @@ class NgramTrie:
             return False
         path[-1].target = -1
         self._size -= 1
+        self.version += 1
         for depth in range(len(drafter_ids), 0, -1):
             node = path[depth]
             if node.children or node.target >= 0:

@@ -1,5 +1,6 @@
 """Target backends: anything that scores a token list and returns logits at the last m+1 positions."""
 
-from omnidraft.target.local import LocalTarget, TargetBackend
+from omnidraft.target.base import Target
+from omnidraft.target.torch_target import TorchTarget
 
-__all__ = ["LocalTarget", "TargetBackend"]
+__all__ = ["Target", "TorchTarget"]

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from omnidraft.train.distill import TrainConfig
+from omnidraft.train.config import TrainConfig
 from omnidraft.train.records import Example
 
 log = logging.getLogger("omnidraft.trainer")
@@ -44,7 +44,6 @@ class TrainerSetup:
     adapter_folder: str
     dm_mask: np.ndarray
     config: TrainConfig
-    interval: int
     resume_from: str | None = None  # a version folder to continue training from
     meta: dict = field(default_factory=dict)  # identity, specs, counters carried over
     # CPU priority of the child: 19 (the lowest) beside interactive decoding; a batch job that
@@ -71,7 +70,8 @@ def from_payload(payload: dict) -> Example:
 class BackgroundTrainer:
     """Parent-side handle of the training process."""
 
-    def __init__(self, setup: TrainerSetup) -> None:
+    def __init__(self, setup: TrainerSetup, keep_fds: tuple[int, ...] = ()) -> None:
+        """``keep_fds``: descriptors the child inherits and holds until it exits (the writer lock)."""
         to_child_r, to_child_w = os.pipe()
         from_child_r, from_child_w = os.pipe()
         # Idle OpenMP threads sleep instead of spinning: spinning trainer threads would steal the
@@ -86,7 +86,7 @@ class BackgroundTrainer:
             # stops a chat reply, never the trainer; the trainer ends when its pipe closes.
             self._process = subprocess.Popen(
                 [sys.executable, "-m", "omnidraft.train.worker", str(to_child_r), str(from_child_w)],
-                pass_fds=(to_child_r, from_child_w), stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file,
+                pass_fds=(to_child_r, from_child_w, *keep_fds), stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file,
                 env=env, close_fds=True, start_new_session=True)
         os.close(to_child_r)
         os.close(from_child_w)

@@ -23,11 +23,10 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from omnidraft.adapter import head as head_mod
 from omnidraft.train import accept_head, lora
+from omnidraft.train.config import TrainConfig
 from omnidraft.train.loss import (
-    DIVERGENCES,
-    LOSS_KINDS,
-    NGRAM_WEIGHTS,
     LossConfig,
     coarse_divergence,
     hybrid_loss_sum,
@@ -35,59 +34,6 @@ from omnidraft.train.loss import (
     ngram_nll,
 )
 from omnidraft.train.records import Example
-
-
-@dataclass
-class TrainConfig:
-    """Hyper-parameters (OmniDraft Appendix A.2, Table 10, with LoRA rank 32, Appendix B.5)."""
-
-    loss: str = "hybrid"
-    ngram_weight: str = "const"
-    lam: float = 0.2
-    span_weight: float = 0.0  # NLL weight on drafter tokens straddling a target boundary (0: eq. (4) as written)
-    lr: float = 1e-4
-    weight_decay: float = 0.01
-    batch_size: int = 8
-    target_temperature: float = 1.0  # distil towards p^(1/T): the target at its decoding temperature
-    epochs: int = 1  # passes over the buffer Q per update (Alg. 2 line 8 makes one)
-    rank: int = lora.DEFAULT_RANK
-    alpha: float = lora.DEFAULT_ALPHA
-    divergence: str = "reverse-kl"  # at DM positions: eq. (4)'s KL(q' ‖ p), or forward-kl / tvd
-    micro_tokens: int = 2048  # tokens per forward/backward between two yield points
-    max_grad_norm: float = 1.0
-    seed: int = 0
-    distill: bool = True  # False: the drafter stays frozen and only the head learns (Table 2's "Adapt Only")
-    # The acceptance head (§3.3), trained jointly after each distillation update (Algorithm 3).
-    head: bool = True
-    head_lr: float = 1e-3
-    head_epochs: int = 4  # passes over Q's positions per update: the head is tiny, its passes cheap
-    head_reject_weight: float = 1.0  # BCE weight of rejected tokens (1: calibrated, see accept_head)
-    # Algorithm 4's larger head buffer R: the head also re-fits on the previous N prompts, relabelled
-    # by the updated drafter (0: Algorithm 3, the buffer Q only). Folded into the update, so the
-    # published head always matches the published drafter.
-    head_replay: int = 0
-
-    def validate(self) -> None:
-        if self.loss not in LOSS_KINDS:
-            raise ValueError(f"unknown loss {self.loss!r}; choose one of {', '.join(LOSS_KINDS)}")
-        if self.ngram_weight not in NGRAM_WEIGHTS:
-            raise ValueError(f"unknown n-gram weight {self.ngram_weight!r}; choose one of {', '.join(NGRAM_WEIGHTS)}")
-        if self.lr <= 0 or self.batch_size < 1 or self.rank < 1 or self.alpha <= 0 or self.lam < 0 or self.epochs < 1 \
-                or self.target_temperature <= 0 or self.span_weight < 0:
-            raise ValueError("lr, alpha, target temperature must be > 0, batch size, epochs and rank >= 1, "
-                             "lambda and span weight >= 0")
-        if self.divergence not in DIVERGENCES:
-            raise ValueError(f"unknown divergence {self.divergence!r}; choose one of {', '.join(DIVERGENCES)}")
-        if self.head_lr <= 0 or self.head_epochs < 1 or self.head_reject_weight <= 0 or self.head_replay < 0:
-            raise ValueError("head lr and reject weight must be > 0, head epochs >= 1, head replay >= 0")
-
-    @property
-    def loss_config(self) -> LossConfig:
-        return LossConfig(self.loss, self.ngram_weight, self.lam, self.span_weight)
-
-    @property
-    def scaling(self) -> float:
-        return self.alpha / self.rank
 
 
 @dataclass
@@ -123,6 +69,7 @@ class Distiller:
                  state: dict[str, torch.Tensor] | None = None, head_state: dict[str, torch.Tensor] | None = None) -> None:
         config.validate()
         self.config = config
+        self._loss_config = LossConfig(config.loss, config.ngram_weight, config.lam, config.span_weight)
         self.dm_mask = dm_mask.bool()
         self.model = lora.attach(model.float(), lora.lora_config(config.rank, config.alpha), state)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
@@ -130,11 +77,11 @@ class Distiller:
         self._rng = random.Random(config.seed)
         self._inner = self.model.get_base_model().model  # the transformer body (LoRA layers inside)
         self._head = self.model.get_base_model().get_output_embeddings()
-        self.accept_head: accept_head.AcceptHead | None = None
+        self.accept_head: head_mod.AcceptHead | None = None
         if config.head:
             hidden_size = self._head.weight.shape[1]
-            self.accept_head = (accept_head.from_state(head_state, hidden_size) if head_state is not None
-                                else accept_head.AcceptHead(hidden_size))
+            self.accept_head = (head_mod.from_state(head_state, hidden_size) if head_state is not None
+                                else head_mod.AcceptHead(hidden_size))
             self.head_optimizer = torch.optim.AdamW(self.accept_head.parameters(), lr=config.head_lr,
                                                     weight_decay=config.weight_decay)
         self._head_memory: list[Example] = []  # R of Algorithm 4: the last ``head_replay`` prompts before Q
@@ -217,7 +164,7 @@ class Distiller:
             for chunk in range(0, len(tokens), 512):  # 49k-wide logits, a few hundred rows at a time
                 h = hidden[chunk: chunk + 512]
                 logits = self._head(h)
-                feats.append(accept_head.features(h, logits))
+                feats.append(head_mod.features(h, logits))
                 labels.append((logits.argmax(-1) == tokens[chunk: chunk + 512]).float())
         if not feats:
             return torch.empty(0), torch.empty(0)
@@ -288,7 +235,7 @@ class Distiller:
         nll = ngram_nll(self._head(hidden_ng), ng_tokens) if len(ng_tokens) else kl.new_zeros(0)
         span_tokens = torch.cat([e.input_ids[e.span_pos] for e in batch]) if hidden_span is not None else None
         span_nll = ngram_nll(self._head(hidden_span), span_tokens) if span_tokens is not None and len(span_tokens) else None
-        total, _ = hybrid_loss_sum(kl, nll, cat("ng_logp_target"), self.config.loss_config, span_nll)
+        total, _ = hybrid_loss_sum(kl, nll, cat("ng_logp_target"), self._loss_config, span_nll)
         with torch.no_grad():
             dm_tokens = torch.cat([e.input_ids[e.dm_pos] for e in batch])
             logq_tok = logq_i.gather(1, dm_tokens[:, None]).squeeze(1)

@@ -65,7 +65,7 @@ def coarse_divergence(logq_i: torch.Tensor, topk_pre: torch.Tensor, topk_logp: t
         logp_k, logp_rest = sharp[:, :-1], sharp[:, -1]
     logq = torch.cat([logq_k, logq_rest[:, None]], 1)
     logp = torch.cat([logp_k, logp_rest[:, None]], 1)
-    return DIVERGENCES[divergence](logq, logp)
+    return _DIVERGENCE_FNS[divergence](logq, logp)
 
 
 def _reverse_kl(logq: torch.Tensor, logp: torch.Tensor) -> torch.Tensor:
@@ -83,7 +83,7 @@ def _tvd(logq: torch.Tensor, logp: torch.Tensor) -> torch.Tensor:
     return 0.5 * (logp.exp() - logq.exp()).abs().sum(-1)
 
 
-DIVERGENCES = {"reverse-kl": _reverse_kl, "forward-kl": _forward_kl, "tvd": _tvd}
+_DIVERGENCE_FNS = {"reverse-kl": _reverse_kl, "forward-kl": _forward_kl, "tvd": _tvd}
 
 
 def ngram_nll(drafter_logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
@@ -103,10 +103,6 @@ class LossConfig:
     ngram_weight: str = "const"
     lam: float = 0.2
     span_weight: float = 0.0
-
-
-LOSS_KINDS = ("dm", "hybrid")
-NGRAM_WEIGHTS = ("const", "target-prob")
 
 
 def hybrid_loss_sum(dm_kl: torch.Tensor, ng_nll: torch.Tensor, ng_logp_target: torch.Tensor,

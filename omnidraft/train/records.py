@@ -30,7 +30,6 @@ import torch
 from omnidraft.decode import DecodeObserver
 from omnidraft.vocab.bridge import VocabBridge
 
-DEFAULT_TOP_K = 64
 DEFAULT_MAX_LEN = 1024  # drafter tokens per training sequence; older context is cut on the left
 
 # KIND_SPAN: a drafter token of the emitted text that straddles a target-token boundary (SmolLM2's
@@ -58,7 +57,7 @@ class Record:
 class Recorder(DecodeObserver):
     """Collects a :class:`Record` per request from the decode loop's logits; hands it to ``sink``."""
 
-    def __init__(self, intersection: torch.Tensor, sink: Callable[[Record], None], top_k: int = DEFAULT_TOP_K) -> None:
+    def __init__(self, intersection: torch.Tensor, sink: Callable[[Record], None], top_k: int = 64) -> None:
         self.columns = torch.nonzero(intersection).flatten()  # target ids with a drafter partner
         self.top_k = min(top_k, len(self.columns))
         self.sink = sink

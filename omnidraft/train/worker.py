@@ -72,14 +72,14 @@ class _Worker:
         import torch
 
         from omnidraft import models
-        from omnidraft.train import adapter_store
+        from omnidraft.adapter import store
         from omnidraft.train.distill import Distiller
 
         self.setup, self.inbox, self.outbox = setup, inbox, outbox
         model, _ = models.load(setup.drafter_spec, home=setup.home, dtype="float32", progress=False)
         state = head_state = None
         if setup.resume_from:
-            loaded = adapter_store.load(Path(setup.resume_from), None)
+            loaded = store.load(Path(setup.resume_from), None)
             state, head_state = (loaded.state, loaded.head_state) if loaded else (None, None)
         torch.manual_seed(setup.config.seed)
         self.distiller = Distiller(model, torch.from_numpy(setup.dm_mask), setup.config, state, head_state)
@@ -91,12 +91,12 @@ class _Worker:
 
     def add(self, example) -> None:
         self.buffer.append(example)
-        if len(self.buffer) >= self.setup.interval:
+        if len(self.buffer) >= self.setup.config.interval:
             self.train()
 
     def train(self) -> None:
-        from omnidraft.train import adapter_store
         from omnidraft.train.distill import learning_curve_point
+        from omnidraft.train.publish import save
 
         if not self.buffer:
             return
@@ -108,7 +108,7 @@ class _Worker:
         self.meta["tokens_seen"] += sum(e.emitted_tokens for e in batch)
         self.meta["history"] = (self.meta["history"] + [point])[-50:]
         self.meta["train_config"] = asdict(self.setup.config)
-        path = adapter_store.save(Path(self.setup.adapter_folder), self.distiller.model, self.meta,
+        path = save(Path(self.setup.adapter_folder), self.distiller.model, self.meta,
                                   self.distiller.head_state())
         self.outbox.send(("published", str(path), self.meta["updates"], point))
 

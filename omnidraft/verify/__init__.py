@@ -1,14 +1,67 @@
-"""Verifiers: decide how many proposed target tokens to keep and which token comes next.
+"""Verification rules, looked up by name (Algorithm 1, lines 10-16).
 
-All work on the same arrays: target logits at m+1 positions, the m proposed target ids, and for the
-sampling verifiers the draft distribution q' in target space at each position.
+Every rule works on the same arrays: the target's logits at the m+1 positions of one verify pass,
+the m proposed target ids, and for the sampling rules the draft distribution q' in target space
+(from the translator). This registry is what the CLI, the config checks and ``--help`` read, so it
+imports no torch; a rule's code is loaded when it is first used. A new rule is one class and one
+entry here.
 """
 
-from omnidraft.verify.core import (
-    VERIFIERS,
-    greedy_verify,
-    probs_from_logits,
-    sample_verify,
-)
+from __future__ import annotations
 
-__all__ = ["VERIFIERS", "greedy_verify", "probs_from_logits", "sample_verify"]
+import importlib
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class RuleInfo:
+    name: str
+    impl: str  # "module:Class"
+    sampling: bool  # needs temperature > 0 (greedy needs 0)
+    exact: bool  # the output distribution is exactly the target's (else labelled approximate)
+    translations: tuple[str, ...]  # allowed translations; the first is what "auto" picks
+    uses_ngrams: bool  # proposals may come through the n-gram cache
+    keeps_q: bool  # the drafter must keep its per-token distribution q
+    summary: str
+
+    @property
+    def label(self) -> str:
+        return self.summary + ("" if self.exact else " (approximately lossless)")
+
+
+RULES: dict[str, RuleInfo] = {
+    r.name: r
+    for r in (
+        RuleInfo("greedy", "omnidraft.verify.greedy:Greedy", sampling=False, exact=True, translations=("text", "tokens"),
+                 uses_ngrams=True, keeps_q=False, summary="accept while the target's argmax agrees: its own greedy output"),
+        RuleInfo("omnidraft", "omnidraft.verify.rejection:RejectionSampling", sampling=True, exact=False,
+                 translations=("tokens",), uses_ngrams=True, keeps_q=True,
+                 summary="rejection sampling with q' of eq. (2), n-gram merges included"),
+        RuleInfo("tli", "omnidraft.verify.rejection:RejectionSampling", sampling=True, exact=True, translations=("tokens",),
+                 uses_ngrams=False, keeps_q=True, summary="token-level intersection: rejection sampling over shared tokens"),
+    )
+}
+VERIFIERS = tuple(RULES)
+_loaded: dict[str, Any] = {}
+
+
+def rule_info(name: str) -> RuleInfo:
+    from omnidraft.errors import OmnidraftError
+
+    if name not in RULES:
+        raise OmnidraftError(f"unknown verification rule {name!r}; choose one of {', '.join(RULES)}")
+    return RULES[name]
+
+
+def get_rule(name: str) -> Any:
+    """The rule object (has ``verify(logits, proposal, config, generator) -> (accepted, next)``)."""
+    info = rule_info(name)
+    if name not in _loaded:
+        module, _, cls = info.impl.partition(":")
+        _loaded[name] = getattr(importlib.import_module(module), cls)()
+    return _loaded[name]
+
+
+def help_text() -> str:
+    return "; ".join(f"{r.name}: {r.label}" for r in RULES.values())

@@ -1,6 +1,3 @@
-"""Vocabulary bridge: direct mapping, forward translation (eq. (1)/(2)), reverse translation."""
-
-from omnidraft.vocab.bridge import Translation, VocabBridge
-from omnidraft.vocab.reverse import DrafterContext
-
-__all__ = ["DrafterContext", "Translation", "VocabBridge"]
+"""Vocabulary bridge: token bytes, direct mapping, translators (eq. (1)/(2)), reverse translation,
+and the identities of tokenizer pairs. Import the submodules directly (``vocab.bridge``,
+``vocab.identity``…): this package file imports nothing, so the torch-free parts stay torch-free."""

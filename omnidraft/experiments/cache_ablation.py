@@ -42,13 +42,10 @@ from omnidraft.bench.runner import (
 from omnidraft.config import DecodeConfig
 from omnidraft.decode import SpeculativeDecoder
 from omnidraft.errors import OmnidraftError
-from omnidraft.ngram.store import (
-    PersistentNgramCache,
-    bytes_on_disk,
-    pair_id,
-    store_files,
-)
+from omnidraft.ngram.files import bytes_on_disk
+from omnidraft.ngram.store import PersistentNgramCache, fresh_store
 from omnidraft.ngram.trie import NgramTrie
+from omnidraft.vocab.identity import pair_id
 
 TARGET = "target"
 NO_CACHE = "no cache"
@@ -160,17 +157,6 @@ def run_streams(streams: dict[str, Stream], prompts: Sequence[list[int]], progre
 
 
 # ---- stores ----------------------------------------------------------------------------------------
-def fresh_store(folder: Path, slug: str, pair: str, *, max_entries: int | None = None,
-                policy: str = "lru") -> PersistentNgramCache:
-    """An empty writable store at ``folder/<slug>.sqlite``. A previous run's file (and its WAL)
-    is removed first: every ablation cache must start from nothing."""
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{slug}.sqlite"
-    for old in store_files(path):
-        old.unlink()
-    return PersistentNgramCache(path, pair, max_entries=max_entries, policy=policy)
-
-
 def reopen_frozen(store: PersistentNgramCache) -> PersistentNgramCache:
     """Close a learning store (writing its last batch) and open it read-only with the same cap
     and policy: evaluation must not change what the stream learned, nor write to the file."""

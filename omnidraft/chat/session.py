@@ -1,9 +1,10 @@
-"""``omnidraft chat``: an interactive session over the speculative decoder (issue 6).
+"""``omnidraft chat``: an interactive session over the speculative decoder.
 
 The session owns the conversation and everything a user sees: the ``>>> `` prompt, replies that
 stream as the target accepts them, one status line per reply, slash commands, context-window
 trimming and the state kept in the home between sessions (the pair's n-gram cache, readline
-history). The argparse glue is ``omnidraft/cli/chat.py``.
+history). What it shows is ``display.py``, the slash commands ``commands.py``; the argparse glue
+is ``omnidraft/cli/chat.py``.
 
 The target's chat template renders the whole conversation into target token ids; the decoder
 turns those same ids into the drafter's context, so the drafter sees exactly the same text in
@@ -20,22 +21,21 @@ waits for the update in flight, so the adapter on disk includes the last turn.
 
 from __future__ import annotations
 
-import codecs
 import dataclasses
 import datetime
-import gc
-import json
 import os
 import signal
 import sys
-import tempfile
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
+from omnidraft.chat.commands import Command, SlashCommands, parse_input
+from omnidraft.chat.display import ReplyAssembler, format_status, plural, session_line
 from omnidraft.config import DecodeConfig
+from omnidraft.decode import DecodeStats
 from omnidraft.errors import OmnidraftError
 
 PROMPT = ">>> "
@@ -44,44 +44,8 @@ HISTORY_FILE = "chat_history"
 HISTORY_LENGTH = 1000
 PLAIN_TRANSCRIPT_STOPS = ("\nUser:",)  # a base model continues the transcript with the user's next turn
 TRANSCRIPT_FORMAT = "omnidraft-chat-transcript"
-DIM, RESET = "\x1b[2m", "\x1b[0m"
-
-HELP = """\
-Type a message and press Enter; the reply streams as the target accepts it.
-  /help             this list
-  /stats            session totals, models, n-gram cache and adapter in use
-  /target SPEC      switch the target (builtin:NAME, a folder or a hub id); the conversation carries over
-  /reset            start a new conversation (the learned state stays)
-  /save FILE        write the conversation and per-turn stats as JSON
-  /quit             save state and leave (also /exit, Ctrl-D)
-Ctrl-C stops a reply and keeps the session. A message starting with '/' is sent as '//...'."""
-
 
 # ---------------------------------------------------------------- pure parts (unit-tested)
-
-
-@dataclass(frozen=True)
-class Command:
-    """A slash command as typed: ``name`` without the slash, lower-cased; ``arg`` the rest, stripped."""
-
-    name: str
-    arg: str = ""
-
-
-def parse_input(line: str) -> str | Command | None:
-    """What a prompt line asks for: a message (str), a slash command, or None for a blank line.
-
-    ``//text`` sends ``/text`` as a message, so a message may start with a slash.
-    """
-    text = line.strip()
-    if not text:
-        return None
-    if text.startswith("//"):
-        return text[1:]
-    if text.startswith("/"):
-        name, _, arg = text[1:].partition(" ")
-        return Command(name.lower(), arg.strip())
-    return text
 
 
 def has_chat_template(tokenizer: Any) -> bool:
@@ -117,93 +81,6 @@ def fit_messages(render: Callable[[Sequence[dict]], list[int]], messages: Sequen
     return None
 
 
-class StopScanner:
-    """Streams text through while watching for stop strings split across pieces.
-
-    Text that could be the start of a stop string is held back until the next piece shows
-    whether it is; ``kept`` is the reply text up to (not including) a stop string.
-    """
-
-    def __init__(self, stops: Sequence[str]) -> None:
-        self.stops = tuple(s for s in stops if s)
-        self.kept = ""
-        self._pending = ""
-        self.stopped = False
-
-    def feed(self, piece: str) -> str:
-        """Add a piece; return the text that is now safe to show."""
-        if self.stopped:
-            return ""
-        if not self.stops:
-            self.kept += piece
-            return piece
-        self._pending += piece
-        cut = min((i for i in (self._pending.find(s) for s in self.stops) if i >= 0), default=-1)
-        if cut >= 0:
-            self.stopped = True
-            return self._release(cut)
-        hold = max((n for s in self.stops for n in range(1, len(s)) if self._pending.endswith(s[:n])), default=0)
-        return self._release(len(self._pending) - hold)
-
-    def finish(self) -> str:
-        """End of the reply: what was held back is ordinary text after all."""
-        return "" if self.stopped else self._release(len(self._pending))
-
-    def _release(self, n: int) -> str:
-        out, self._pending = self._pending[:n], self._pending[n:]
-        if self.stopped:
-            self._pending = ""
-        self.kept += out
-        return out
-
-
-class ReplyAssembler:
-    """Turns emitted target ids into the text to show, joining UTF-8 split across tokens and
-    cutting at a stop string; ``ids`` are then the tokens whose text lies before the stop."""
-
-    def __init__(self, token_bytes: Sequence[bytes | None], stops: Sequence[str]) -> None:
-        self.table = token_bytes
-        self.scanner = StopScanner(stops)
-        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self._ids: list[int] = []
-        self._ends: list[int] = []  # text length after each token
-        self._length = 0
-
-    @property
-    def stopped(self) -> bool:
-        return self.scanner.stopped
-
-    def feed(self, ids: Sequence[int]) -> str:
-        """Add one decoding step's tokens; return the text now safe to show."""
-        shown = []
-        for tok in ids:
-            if self.stopped:
-                break
-            data = self.table[tok] if 0 <= tok < len(self.table) else None
-            piece = self._utf8.decode(data or b"")  # special tokens (EOS) show nothing
-            self._ids.append(tok)
-            self._length += len(piece)
-            self._ends.append(self._length)
-            shown.append(self.scanner.feed(piece))
-        return "".join(shown)
-
-    def finish(self) -> str:
-        """The reply is over: what was held back (a partial UTF-8 sequence, a stop-string prefix)."""
-        if self.stopped:
-            return ""
-        return self.scanner.feed(self._utf8.decode(b"", final=True)) + self.scanner.finish()
-
-    @property
-    def text(self) -> str:
-        return self.scanner.kept
-
-    @property
-    def ids(self) -> list[int]:
-        if not self.stopped:
-            return list(self._ids)
-        return [t for t, end in zip(self._ids, self._ends) if end <= len(self.text)]
-
-
 @dataclass
 class TurnRecord:
     """One finished turn: what the trainer hook receives and what ``/save`` writes."""
@@ -220,73 +97,6 @@ class TurnRecord:
         return {"target": self.target_spec, "user": self.user, "reply": self.reply,
                 "interrupted": self.interrupted, "prompt_tokens": len(self.prompt_ids),
                 "reply_tokens": len(self.reply_ids), "stats": self.stats.as_dict()}
-
-
-@dataclass
-class SessionTotals:
-    """Running totals for ``/stats``; acceptance is averaged over all speculative steps."""
-
-    turns: int = 0
-    tokens: int = 0
-    wall_s: float = 0.0
-    target_forwards: int = 0
-    step_rates: list[float] = field(default_factory=list)
-    ngram_hits_proposed: int = 0
-    ngram_hits_accepted: int = 0
-
-    def add(self, stats: Any) -> None:
-        self.turns += 1
-        self.tokens += stats.new_tokens
-        self.wall_s += stats.wall_s
-        self.target_forwards += stats.target_forwards
-        self.step_rates.extend(stats.step_rates)
-        self.ngram_hits_proposed += stats.ngram_hits_proposed
-        self.ngram_hits_accepted += stats.ngram_hits_accepted
-
-    def line(self) -> str:
-        tps = self.tokens / self.wall_s if self.wall_s > 0 else 0.0
-        acc = f"{sum(self.step_rates) / len(self.step_rates):.2f}" if self.step_rates else "–"
-        tpf = self.tokens / self.target_forwards if self.target_forwards else 0.0
-        return (f"session: {plural(self.turns, 'turn')} · {plural(self.tokens, 'token')} · {tps:.1f} tok/s · mean accept {acc} · "
-                f"{tpf:.2f} tok/target fwd · n-gram hits {self.ngram_hits_accepted}/{self.ngram_hits_proposed}")
-
-
-def plural(count: int, word: str, many: str | None = None) -> str:
-    """``1 token``, ``2 tokens``: status lines are read by people."""
-    return f"{count} {word if count == 1 else many or word + 's'}"
-
-
-def format_status(stats: Any, *, speculative: bool, interrupted: bool = False, dim: bool = False) -> str:
-    """The one line after each reply: tokens, tok/s, acceptance, tokens per target forward, n-gram hits."""
-    accept = f"{stats.acceptance_rate:.2f}" if speculative else "– (no drafter)"
-    text = (f"[{plural(stats.new_tokens, 'token')} · {stats.tokens_per_s:.1f} tok/s · accept {accept} · "
-            f"{stats.tokens_per_target_forward:.1f} tok/target fwd · "
-            f"n-gram hits {stats.ngram_hits_accepted}/{stats.ngram_hits_proposed}"
-            f"{' · interrupted' if interrupted else ''}]")
-    return f"{DIM}{text}{RESET}" if dim else text
-
-
-def write_json_atomic(path: str | os.PathLike, doc: Any) -> Path:
-    """Write JSON to a temporary sibling and rename it over ``path``: never a half-written file."""
-    target = Path(path).expanduser()
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.resolve().parent)
-    except OSError as exc:
-        raise OmnidraftError(f"cannot write {target}: {exc.strerror or exc}") from None
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(doc, fh, ensure_ascii=False, indent=2)
-            fh.write("\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, target)
-    except OSError as exc:
-        Path(tmp).unlink(missing_ok=True)
-        raise OmnidraftError(f"cannot write {target}: {exc.strerror or exc}") from None
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return target
 
 
 def close_ngram_cache(pipeline: Any) -> None:
@@ -353,7 +163,9 @@ class ChatSession:
         self.messages: list[dict] = []  # the whole conversation, as the user saw it
         self.context_start = 0  # messages before this index were dropped from the model's context
         self.turns: list[TurnRecord] = []  # turns of the current conversation
-        self.totals = SessionTotals()
+        self.totals = DecodeStats()  # every turn's stats added up
+        self.turn_count = 0
+        self.commands = SlashCommands(self)
         self.finished = False
         self._readline: Any = None
         self._state_saved = False
@@ -392,12 +204,10 @@ class ChatSession:
             self.notice(f"warning: the trainer did not stop cleanly ({exc.__class__.__name__}: {exc})")
 
     def _effective_window(self, pipeline: Any) -> int:
-        """The requested (or default) window, capped by the target's position limit."""
-        config = pipeline.target_model.config
-        text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
-        limit = getattr(text_config, "max_position_embeddings", None)
+        """The requested (or default) window, capped by the target's context."""
+        limit = pipeline.decoder.target.max_context
         window = self.requested_window or DEFAULT_CONTEXT_WINDOW
-        if limit and window > limit:
+        if window > limit:
             if self.requested_window:
                 self.notice(f"--context-window {window} exceeds what {pipeline.target_spec} supports; using {limit}")
             window = int(limit)
@@ -472,7 +282,7 @@ class ChatSession:
             if parsed is None:
                 self.error("empty message: type something to send, or /help")
             elif isinstance(parsed, Command):
-                self.run_command(parsed)
+                self.commands.run(parsed)
             else:
                 self.chat_turn(parsed)
         except OmnidraftError as exc:
@@ -502,7 +312,8 @@ class ChatSession:
         self.messages += [user, {"role": "assistant", "content": reply}]
         record = TurnRecord(text, reply, prompt_ids, reply_ids, stats, self.pipe.target_spec, interrupted)
         self.turns.append(record)
-        self.totals.add(stats)
+        self.totals = self.totals + stats
+        self.turn_count += 1
         self.learn_from_turn(record)
         return record
 
@@ -527,7 +338,7 @@ class ChatSession:
 
     def _turn_config(self) -> DecodeConfig:
         """Sampling gets a fresh seed each turn (a repeated question need not get the same answer)."""
-        return dataclasses.replace(self.config, seed=self.config.seed + self.totals.turns)
+        return dataclasses.replace(self.config, seed=self.config.seed + self.turn_count)
 
     def _stream_reply(self, prompt_ids: list[int]) -> tuple[str, list[int], Any, bool]:
         """Stream the reply to the terminal; returns (text, emitted ids, stats, interrupted)."""
@@ -603,30 +414,20 @@ class ChatSession:
         except OmnidraftError as exc:
             self.error(str(exc))
 
-    # ---- slash commands
+    # ---- what /stats, /target and /save use
 
-    def run_command(self, command: Command) -> None:
-        handlers: dict[str, Callable[[str], None]] = {
-            "help": self.cmd_help, "?": self.cmd_help, "stats": self.cmd_stats, "target": self.cmd_target,
-            "reset": self.cmd_reset, "save": self.cmd_save, "quit": self.cmd_quit, "exit": self.cmd_quit,
-        }
-        handler = handlers.get(command.name)
-        if handler is None:
-            raise OmnidraftError(f"unknown command /{command.name}; type /help for the list")
-        handler(command.arg)
-
-    def cmd_help(self, arg: str) -> None:
-        self.write(HELP + "\n")
-
-    def cmd_stats(self, arg: str) -> None:
+    def describe_state(self) -> str:
+        """The /stats text: session totals, context in use, models, n-gram cache, adapter."""
         drafter = self.pipe.drafter_spec or "none (target alone)"
         used = len(self._render(self.messages[self.context_start:])) if self.messages else 0
-        self.write(self.totals.line() + "\n")
-        self.write(f"target: {self.pipe.target_spec} · context {used}/{self.context_window} tokens · "
-                   f"{plural(len(self.messages) // 2, 'turn')} in the conversation ({self.context_start // 2} dropped)\n")
-        self.write(f"drafter: {drafter} · verify {self.config.verify} · temperature {self.config.temperature:g}\n")
-        self.write(self.cache_description() + "\n")
-        self.write(f"adapter: {self.adapter_description()}\n")
+        return "\n".join([
+            session_line(self.turn_count, self.totals),
+            f"target: {self.pipe.target_spec} · context {used}/{self.context_window} tokens · "
+            f"{plural(len(self.messages) // 2, 'turn')} in the conversation ({self.context_start // 2} dropped)",
+            f"drafter: {drafter} · verify {self.config.verify} · temperature {self.config.temperature:g}",
+            self.cache_description(),
+            f"adapter: {self.adapter_description()}",
+        ])
 
     def cache_description(self, brief: bool = False) -> str:
         """The n-gram cache line: pair, entries (and what this session added), file."""
@@ -642,13 +443,9 @@ class ChatSession:
         return (f"n-gram cache: pair {cache.pair_id} · {plural(len(cache), 'entry', 'entries')} (+{learned} since loaded){mode} · "
                 f"{cache.path}")
 
-    def cmd_target(self, arg: str) -> None:
-        if not arg:
-            raise OmnidraftError(f"usage: /target SPEC (now {self.pipe.target_spec})")
-        if arg == self.pipe.target_spec:
-            self.notice(f"already chatting with {arg}")
-            return
-        new = self.loader(arg)  # a failure raises here and the old target stays
+    def switch_target(self, spec: str) -> None:
+        """Load ``spec`` with the session's drafter and options; a failure leaves the old target in place."""
+        new = self.loader(spec)  # a failure raises here and the old target stays
         old = self.pipe
         try:
             self._activate(new)
@@ -656,20 +453,8 @@ class ChatSession:
             close_ngram_cache(new)
             raise
         close_ngram_cache(old)
-        del old
-        gc.collect()  # the old models are large: free them now, not at some later collection
         template = "its chat template" if has_chat_template(new.target_tokenizer) else "a plain User:/Assistant: transcript"
-        self.notice(f"now chatting with {arg} ({template}); the conversation carries over")
-
-    def cmd_reset(self, arg: str) -> None:
-        self.messages, self.turns, self.context_start = [], [], 0
-        self.notice("new conversation (the n-gram cache and session totals are kept)")
-
-    def cmd_save(self, arg: str) -> None:
-        if not arg:
-            raise OmnidraftError("usage: /save FILE")
-        path = write_json_atomic(arg, self.transcript())
-        self.notice(f"saved {len(self.messages)} messages to {path}")
+        self.notice(f"now chatting with {spec} ({template}); the conversation carries over")
 
     def transcript(self) -> dict:
         """What /save writes: models, system prompt, every message (dropped ones too), per-turn stats."""
@@ -681,9 +466,6 @@ class ChatSession:
             "context_starts_at": self.context_start, "messages": self.messages,
             "turns": [t.as_json() for t in self.turns],
         }
-
-    def cmd_quit(self, arg: str) -> None:
-        self.finished = True
 
     # ---- readline history under the home
 

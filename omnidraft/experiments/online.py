@@ -28,12 +28,13 @@ from pathlib import Path
 
 import torch
 
+from omnidraft.adapter.store import LoadedAdapter
 from omnidraft.bench.report import draft_policy
 from omnidraft.bench.runner import PromptRun, our_mode, summarize
 from omnidraft.config import DecodeConfig
 from omnidraft.decode import SpeculativeDecoder
-from omnidraft.train.adapter_store import LoadedAdapter
-from omnidraft.train.distill import Distiller, TrainConfig, learning_curve_point
+from omnidraft.train.config import TrainConfig
+from omnidraft.train.distill import Distiller, learning_curve_point
 from omnidraft.train.records import Record, Recorder, preimage_table, to_example
 
 LOSSES = ("dm", "hybrid", "frozen")  # frozen: no distillation, only the acceptance head learns
@@ -353,11 +354,11 @@ def plot(out_dir: Path, result: dict, meta: dict) -> Path:
 
 
 def write_online(out_dir: Path, result: dict, meta: dict) -> list[Path]:
-    from omnidraft.bench.report import _atomic_write
+    from omnidraft.fsutil import atomic_write
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    _atomic_write(out_dir / "results.json", json.dumps({"meta": meta, **result}, indent=1, default=str).encode())
-    _atomic_write(out_dir / "results.md", markdown(result, meta).encode())
+    atomic_write(out_dir / "results.json", json.dumps({"meta": meta, **result}, indent=1, default=str).encode())
+    atomic_write(out_dir / "results.md", markdown(result, meta).encode())
     return [out_dir / "results.json", out_dir / "results.md", plot(out_dir, result, meta)]
 
 

@@ -30,11 +30,12 @@ from pathlib import Path
 import torch
 
 from omnidraft import models
-from omnidraft.bench.online import RecordCache, record_prompts, records_meta
 from omnidraft.config import DecodeConfig
 from omnidraft.data import load_prompts
+from omnidraft.experiments.online import RecordCache, record_prompts, records_meta
 from omnidraft.runtime import CacheOptions, encode_prompt, load_pipeline
-from omnidraft.train.distill import Distiller, TrainConfig
+from omnidraft.train.config import TrainConfig
+from omnidraft.train.distill import Distiller
 from omnidraft.train.records import preimage_table, to_example
 
 DRAFTER = "builtin:smollm2-135m"
@@ -45,7 +46,7 @@ def fixed_k_acceptance(a: float, k: int) -> float:
     return sum(a ** i for i in range(1, k + 1)) / k
 
 
-def _ranges(specs: list[str]) -> list[tuple[int, int]]:
+def slice_ranges(specs: list[str]) -> list[tuple[int, int]]:
     out = []
     for spec in specs:
         lo, hi = (int(x) for x in spec.split(":"))
@@ -55,7 +56,7 @@ def _ranges(specs: list[str]) -> list[tuple[int, int]]:
     return out
 
 
-def _examples(pipe, name: str, ranges, cache: RecordCache, preimages) -> list:
+def examples(pipe, name: str, ranges, cache: RecordCache, preimages) -> list:
     prompts = [encode_prompt(pipe.target_tokenizer, r.text, chat=r.chat)
                for lo, hi in ranges for r in load_prompts(name, n=hi - lo, offset=lo)]
     records = record_prompts(pipe.decoder, prompts, DecodeConfig(max_new_tokens=128), cache, desc=f"record {name}")
@@ -168,14 +169,14 @@ def main() -> None:
     p.add_argument("--k", type=int, default=4, help="draft length for the +50%% line on the plot")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args()
-    stream_r, held_r = _ranges(args.stream), _ranges(args.held_out)
+    stream_r, held_r = slice_ranges(args.stream), slice_ranges(args.held_out)
     if any(a < d and c < b for a, b in stream_r for c, d in held_r):
         raise SystemExit("the held-out ranges overlap the stream")
     pipe = load_pipeline(args.target, DRAFTER, adapter="none", cache=CacheOptions(enabled=False), quiet=True)
     cache = RecordCache(args.records, records_meta(pipe, 128, 64))
     preimages, _ = preimage_table(pipe.decoder.bridge)
-    stream = _examples(pipe, args.set, stream_r, cache, preimages)
-    held = [e for e in _examples(pipe, args.set, held_r, cache, preimages) if e is not None]
+    stream = examples(pipe, args.set, stream_r, cache, preimages)
+    held = [e for e in examples(pipe, args.set, held_r, cache, preimages) if e is not None]
     runs = {json.dumps(c): run_config(c, stream, held, pipe.decoder.bridge.dm_mask, args.every)
             for c in json.loads(args.configs)}
     curves = {label: curve for label, (curve, _) in runs.items()}

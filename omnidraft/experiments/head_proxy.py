@@ -25,13 +25,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from online_proxy import DRAFTER, _examples, _ranges
 
 from omnidraft import models
-from omnidraft.bench.online import RecordCache, records_meta
+from omnidraft.adapter.head import should_stop
+from omnidraft.experiments.online import RecordCache, records_meta
+from omnidraft.experiments.online_proxy import DRAFTER, examples, slice_ranges
 from omnidraft.runtime import CacheOptions, load_pipeline
-from omnidraft.train.accept_head import should_stop
-from omnidraft.train.distill import Distiller, TrainConfig
+from omnidraft.train.config import TrainConfig
+from omnidraft.train.distill import Distiller
 from omnidraft.train.records import preimage_table
 
 # stop(i, accept_probs_so_far) -> end the draft after the token at position i?
@@ -109,8 +110,8 @@ def main() -> None:
     pipe = load_pipeline(args.target, DRAFTER, adapter="none", cache=CacheOptions(enabled=False), quiet=True)
     cache = RecordCache(args.records, records_meta(pipe, 128, 64))
     preimages, _ = preimage_table(pipe.decoder.bridge)
-    stream = _examples(pipe, args.set, _ranges(args.stream), cache, preimages)
-    held = [e for e in _examples(pipe, args.set, _ranges(args.held_out), cache, preimages) if e is not None]
+    stream = examples(pipe, args.set, slice_ranges(args.stream), cache, preimages)
+    held = [e for e in examples(pipe, args.set, slice_ranges(args.held_out), cache, preimages) if e is not None]
     distiller = Distiller(models.load(DRAFTER, dtype="float32", progress=False)[0], pipe.decoder.bridge.dm_mask,
                           TrainConfig(**config))
     result = {"untrained": evaluate(distiller, held, args.draft_cost, gammas, confidences)}

@@ -8,14 +8,15 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from omnidraft.bench.cache_ablation import (
+from omnidraft.bench.report import draft_policy, fmt, plot
+from omnidraft.experiments.cache_ablation import (
     FULL,
     TARGET,
     AblationResult,
     GrowthPoint,
     curve_at,
 )
-from omnidraft.bench.report import _atomic_write, _fmt, draft_policy, plot
+from omnidraft.fsutil import atomic_write
 
 GROWTH_MARKS = (0.25, 0.5, 0.75, 1.0)  # where the summary reads the growth rate off the curve
 
@@ -42,9 +43,9 @@ def ablation_table(summary: dict[str, dict]) -> str:
     for name, r in summary.items():
         size, policy, entries = _size_cell(name, r.get("cache", {}))
         lines.append(
-            f"| {size} | {policy} | {entries} | {_fmt(r['acceptance_rate'])} | {_fmt(r['tokens_per_target_forward'])} | "
-            f"{r['ngram_hits_accepted']}/{r['ngram_hits_proposed']} | {_fmt(r['speedup_vs_target'])}× | "
-            f"{_fmt(r['speedup_vs_target_mean'])}× | {r['tokens_per_s']:.2f} | {_identical(r)} |")
+            f"| {size} | {policy} | {entries} | {fmt(r['acceptance_rate'])} | {fmt(r['tokens_per_target_forward'])} | "
+            f"{r['ngram_hits_accepted']}/{r['ngram_hits_proposed']} | {fmt(r['speedup_vs_target'])}× | "
+            f"{fmt(r['speedup_vs_target_mean'])}× | {r['tokens_per_s']:.2f} | {_identical(r)} |")
     return "\n".join(lines) + "\n"
 
 
@@ -55,7 +56,7 @@ def stream_table(stream_summary: dict[str, dict]) -> str:
     for name, r in stream_summary.items():
         cap = r.get("max_entries")
         lines.append(f"| {name} | {'–' if cap is None else cap} | {r['entries']} | {r['evictions']} | "
-                     f"{_fmt(r['acceptance_rate'])} | {_fmt(r['tokens_per_target_forward'])} | "
+                     f"{fmt(r['acceptance_rate'])} | {fmt(r['tokens_per_target_forward'])} | "
                      f"{r['ngram_hits_accepted']}/{r['ngram_hits_proposed']} |")
     return "\n".join(lines) + "\n"
 
@@ -121,7 +122,7 @@ def plot_growth(result: AblationResult) -> bytes:
 def write_ablation(out_dir: Path, meta: dict, result: AblationResult) -> list[Path]:
     """results.json, results.md, cache_growth.png, speedup.png, time_split.png under ``out_dir``."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    _atomic_write(out_dir / "results.json", json.dumps({"meta": meta, **result.as_dict()}, indent=1).encode())
-    _atomic_write(out_dir / "results.md", markdown(meta, result).encode())
-    _atomic_write(out_dir / "cache_growth.png", plot_growth(result))
+    atomic_write(out_dir / "results.json", json.dumps({"meta": meta, **result.as_dict()}, indent=1).encode())
+    atomic_write(out_dir / "results.md", markdown(meta, result).encode())
+    atomic_write(out_dir / "cache_growth.png", plot_growth(result))
     return [out_dir / "results.json", out_dir / "results.md", out_dir / "cache_growth.png"] + plot(out_dir, result.summary)

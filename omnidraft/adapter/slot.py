@@ -1,0 +1,67 @@
+"""The adapter the inference drafter uses, swapped only between decoding steps.
+
+:class:`AdapterSlot` is a decode observer: before each step it asks its ``source`` (the background
+trainer, when one runs) for a newly published version and, if there is one, loads, checks and
+applies it. Applying means the drafter backend's ``apply_adapter`` (a weight merge on torch, an
+adapter switch on onnxruntime) plus the adapter's acceptance head; the drafter's KV cache was
+computed with the old weights, so it is dropped and rebuilt on the next draft.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Protocol
+
+from omnidraft.adapter import head as head_mod
+from omnidraft.adapter import store
+from omnidraft.console import warn
+from omnidraft.decode import DecodeObserver
+from omnidraft.drafter import Drafter
+
+
+class Publisher(Protocol):
+    def poll(self):
+        """The newest published version since the last poll (has ``.path``), or None."""
+
+
+class AdapterSlot(DecodeObserver):
+    def __init__(self, drafter: Drafter, identity: store.Identity, folder: Path) -> None:
+        self.drafter = drafter
+        self.identity = identity
+        self.folder = folder  # where this pair's adapter lives (and where training publishes)
+        self.current: store.LoadedAdapter | None = None
+        self.source: Publisher | None = None
+
+    def use(self, loaded: store.LoadedAdapter | None) -> None:
+        """Apply ``loaded`` (None: back to the base weights); checked before anything changes."""
+        head = None
+        if loaded is not None and loaded.head_state is not None:
+            head = head_mod.from_state(loaded.head_state, self.drafter.lm.hidden_size)
+        if loaded is None:
+            self.drafter.lm.apply_adapter(None)
+        else:
+            self.drafter.lm.apply_adapter(loaded.state, loaded.scaling)
+        self.current = loaded
+        self.drafter.head = head
+        self.drafter.reset()
+
+    def before_step(self) -> None:
+        if self.source is not None:
+            published = self.source.poll()
+            if published is not None:
+                self.take(published.path)
+
+    def take(self, path: Path) -> None:
+        """Use the version at ``path``; a version that cannot be used keeps the previous one."""
+        try:
+            self.use(store.load(path, self.identity))
+        except (store.AdapterProblem, ValueError) as exc:
+            warn(f"trainer published an adapter that cannot be used ({exc}); keeping the previous one")
+
+    @property
+    def description(self) -> str:
+        if self.current is None:
+            return "none"
+        meta = self.current.meta
+        head = ", acceptance head" if self.drafter.head is not None else ""
+        return f"{self.current.path} (update {meta.get('updates', 0)}, {meta.get('records_seen', 0)} records{head})"

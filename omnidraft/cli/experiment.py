@@ -1,0 +1,176 @@
+"""``omnidraft experiment cache|online``: the paper's ablations, reproduced on the real models.
+
+``cache``: learn an n-gram cache over a stream of prompts, then compare no cache, ¼ and ½ of its
+size under LRU and LFU, and the full cache on the held-out prompts that follow (Table 14, Figure 9).
+``online``: distil the target into the drafter's LoRA adapter along a stream (per loss) and
+evaluate the held-out prompts that follow at checkpoints (Table 1, Figures 2 and 5). The code is
+``omnidraft/experiments/``; nothing on the decoding path imports it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+from omnidraft.cli.bench import (
+    WARMUP_TEXT,
+    add_prompt_options,
+    load_for_bench,
+    run_meta,
+)
+from omnidraft.cli.options import (
+    COUNT,
+    add_decode_options,
+    add_model_options,
+    add_train_options,
+    check_adaptable,
+    decode_config,
+    number,
+    train_config,
+)
+from omnidraft.errors import OmnidraftError
+
+CACHE_STREAM_N = 60
+ONLINE_STREAM_N = 200
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("experiment", help="the paper's ablations: the n-gram cache, online distillation")
+    kinds = p.add_subparsers(dest="experiment", required=True, metavar="EXPERIMENT")
+    cache = kinds.add_parser("cache", help="n-gram cache ablation: growth, LRU/LFU budgets (Table 14, Figure 9)")
+    _common(cache, CACHE_STREAM_N)
+    cache.add_argument("--verify", choices=("greedy", "omnidraft"), default="greedy",
+                       help="greedy (default, lossless) or omnidraft sampling at --sample-temperature")
+    cache.add_argument("--sample-temperature", type=number(0, low_open=True), default=0.7,
+                       help="temperature with --verify omnidraft (default 0.7)")
+    cache.set_defaults(func=cmd_cache)
+    online = kinds.add_parser("online", help="online distillation along a stream, evaluated at checkpoints (Table 1)")
+    _common(online, ONLINE_STREAM_N)
+    online.add_argument("--checkpoints", type=COUNT, default=4, help="evaluations along the stream after the untrained one")
+    online.add_argument("--losses", default="dm,hybrid",
+                        help="losses to compare: dm, hybrid, frozen (no distillation: the acceptance head alone)")
+    online.add_argument("--head-draft-len", type=COUNT, default=None,
+                        help="most tokens per draft when the acceptance head (or the confidence baseline it replaces) "
+                             "stops drafts (default: --draft-len)")
+    online.add_argument("--shift-to", default=None, help="the stream's second half comes from this set")
+    online.add_argument("--records", type=Path, default=None,
+                        help="cache of recorded target outputs, reused across runs (default OUT/records.pt)")
+    add_train_options(online, skip=("loss",))
+    online.set_defaults(func=cmd_online)
+
+
+def _common(p: argparse.ArgumentParser, stream_n: int) -> None:
+    add_prompt_options(p, n=8)
+    p.add_argument("--stream-n", type=COUNT, default=stream_n, help=f"prompts in the learning stream, from --offset "
+                                                                     f"(default {stream_n}); the held-out --n follow it")
+    add_model_options(p)
+    add_decode_options(p, skip=("verify", "translate", "temperature", "use_ngram"))
+    p.set_defaults(adapter="none")
+
+
+def _stream_and_heldout(args: argparse.Namespace):
+    """The stream slice and the disjoint held-out slice right after it, both complete."""
+    from omnidraft.data import load_prompts
+
+    stream = load_prompts(args.prompts, n=args.stream_n, offset=args.offset)
+    heldout = load_prompts(args.prompts, n=args.n, offset=args.offset + args.stream_n)
+    if len(stream) < args.stream_n or len(heldout) < args.n:
+        have = args.offset + len(stream) + len(heldout)
+        raise OmnidraftError(f"--prompts {args.prompts} has {have} prompts from the start up to what was asked, fewer than "
+                             f"--offset + --stream-n + --n = {args.offset + args.stream_n + args.n}")
+    return stream, heldout
+
+
+def cmd_cache(args: argparse.Namespace) -> int:
+    """``experiment cache``: stream, capped streams, held-out evaluation (experiments/cache_ablation.py)."""
+    from omnidraft.experiments.cache_ablation import (
+        run_cache_ablation,
+        speculative_config,
+    )
+    from omnidraft.experiments.cache_report import ablation_table, write_ablation
+    from omnidraft.runtime import encode_prompt
+
+    if args.drafter == "none":
+        raise OmnidraftError("experiment cache needs a drafter (not --drafter none)")
+    config = speculative_config(decode_config(args, verify="greedy", temperature=0.0), args.verify, args.sample_temperature)
+    stream_records, heldout_records = _stream_and_heldout(args)
+    args.out.mkdir(parents=True, exist_ok=True)
+    pipe = load_for_bench(args)
+    stream = [encode_prompt(pipe.target_tokenizer, r.text, chat=r.chat) for r in stream_records]
+    heldout = [encode_prompt(pipe.target_tokenizer, r.text, chat=r.chat) for r in heldout_records]
+    warm = encode_prompt(pipe.target_tokenizer, WARMUP_TEXT, chat=False)
+    result = run_cache_ablation(pipe, stream, heldout, config, args.out / "caches", warmup=warm[:16])
+    meta = run_meta(args, len(heldout)) | {"ablation": "cache", "stream_n": args.stream_n, "stream_offset": args.offset,
+                                           "heldout_offset": args.offset + args.stream_n, "verify": args.verify,
+                                           "temperature": config.temperature}
+    files = write_ablation(args.out, meta, result)
+    sys.stdout.write(ablation_table(result.summary))
+    print("wrote " + ", ".join(str(f) for f in files), file=sys.stderr)
+    return 0
+
+
+def _slices(args: argparse.Namespace, stream_n: int):
+    """(stream records, their set names, held-out records by set) as PromptRecords."""
+    from omnidraft.data import load_prompts
+
+    if args.shift_to is None:
+        stream = load_prompts(args.prompts, n=stream_n, offset=args.offset)
+        held = {args.prompts: load_prompts(args.prompts, n=args.n, offset=args.offset + stream_n)}
+        sets = [args.prompts] * len(stream)
+    else:
+        half = stream_n // 2
+        first = load_prompts(args.prompts, n=half, offset=args.offset)
+        second = load_prompts(args.shift_to, n=stream_n - half, offset=0)
+        stream, sets = first + second, [args.prompts] * len(first) + [args.shift_to] * len(second)
+        held = {args.prompts: load_prompts(args.prompts, n=args.n, offset=args.offset + half),
+                args.shift_to: load_prompts(args.shift_to, n=args.n, offset=stream_n - half)}
+    if len(stream) < stream_n or any(len(v) < args.n for v in held.values()):
+        raise OmnidraftError(f"not enough prompts for a stream of {stream_n} and {args.n} held-out "
+                             f"(sets: {', '.join(held)}); lower --stream-n / --n or --offset")
+    return stream, sets, held
+
+
+def cmd_online(args: argparse.Namespace) -> int:
+    """``experiment online``: train along a stream per loss, evaluate held-out prompts at checkpoints."""
+    from omnidraft.experiments.online import (
+        LOSSES,
+        OnlinePlan,
+        RecordCache,
+        checkpoints_for,
+        modes_of,
+        records_meta,
+        run_online,
+        write_online,
+    )
+    from omnidraft.runtime import encode_prompt
+
+    stream_n = args.stream_n
+    losses = [x.strip() for x in args.losses.split(",") if x.strip()]
+    if not losses or any(x not in LOSSES for x in losses):
+        raise OmnidraftError(f"--losses takes a comma-separated list of {', '.join(LOSSES)}")
+    if args.checkpoints < 1 or args.checkpoints > stream_n:
+        raise OmnidraftError("--checkpoints must be between 1 and --stream-n")
+    if args.drafter == "none":
+        raise OmnidraftError("experiment online trains the drafter: it needs one (not --drafter none)")
+    check_adaptable(args, training=True)
+    train = train_config(args)
+    stream, sets, held = _slices(args, stream_n)
+    decode = decode_config(args, verify="greedy", temperature=0.0)
+    pipe = load_for_bench(args, adapter="none")
+    encode = lambda recs: [encode_prompt(pipe.target_tokenizer, r.text, chat=r.chat) for r in recs]
+    plan = OnlinePlan(stream=encode(stream), held_out={k: encode(v) for k, v in held.items()},
+                      checkpoints=checkpoints_for(stream_n, args.checkpoints), interval=args.interval,
+                      losses=losses, stream_sets=sets)
+    records = RecordCache(args.records or args.out / "records.pt", records_meta(pipe, args.max_new_tokens, args.top_k))
+    result = run_online(pipe, plan, decode, train, records, head_k=args.head_draft_len)
+    meta = run_meta(args, args.n) | {
+        "stream": args.prompts + (f" → {args.shift_to}" if args.shift_to else ""), "stream_n": stream_n,
+        "held_out": {k: len(v) for k, v in held.items()}, "interval": args.interval, "checkpoints": plan.checkpoints,
+        "losses": losses, "modes": modes_of(losses, train.head), "head_draft_len": args.head_draft_len,
+        "train": asdict(train), "top_k": args.top_k, "shift_at": stream_n // 2 if args.shift_to else None}
+    files = write_online(args.out, result, meta)
+    sys.stdout.write((args.out / "results.md").read_text())
+    print("wrote " + ", ".join(str(f) for f in files), file=sys.stderr)
+    return 0

@@ -1,0 +1,45 @@
+"""What a drafter hands to the loop, and what a drafter backend must provide.
+
+The drafting algorithm (masking, sampling, when to stop) is one piece of code, ``drafter.py``;
+the model under it is a backend that keeps its own KV cache: eager torch (``torch_lm.py``) or an
+exported graph on onnxruntime. Both satisfy :class:`DraftLM`, so the loop and the tests never care
+which one drafts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+
+@dataclass
+class Draft:
+    tokens: list[int]
+    q: torch.Tensor | None  # [len(tokens), drafter vocab] when the verification rule needs it, else None
+
+
+class DraftLM(Protocol):
+    """A causal LM with a KV cache that follows a token list (the drafter's backend)."""
+
+    vocab_size: int
+    hidden_size: int
+    max_positions: int
+
+    def logits_for(self, ids: Sequence[int]) -> torch.Tensor:
+        """[vocab] float32 logits after the last id; the cache keeps the common prefix with ``ids``."""
+
+    def step(self, token: int) -> torch.Tensor:
+        """[vocab] float32 logits after feeding one token behind the cached ones (the hot path)."""
+
+    @property
+    def last_hidden(self) -> torch.Tensor:
+        """[hidden] the final hidden state (the LM head's input) at the last fed position."""
+
+    def reset(self) -> None:
+        """Forget the cache (after the weights changed, or a step was cut short)."""
+
+    def apply_adapter(self, state: dict[str, torch.Tensor] | None, scaling: float = 1.0) -> None:
+        """Use LoRA tensors (peft names; None: the base weights). Checked before anything changes."""

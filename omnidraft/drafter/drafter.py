@@ -1,0 +1,64 @@
+"""The drafter: proposes up to k drafter tokens from its own KV cache (Algorithm 1, lines 5-7).
+
+What may be proposed is the translator's constraint (direct-mapped tokens and n-gram sub-tokens
+for token translation, anything with bytes for text translation); how a token is picked and when
+the draft ends is the policy's (``policy.py``). The model under it is a :class:`DraftLM` backend.
+
+The drafter's context window is its own, smaller than most targets': past it, the drafter reads
+only the most recent part of the conversation (a sliding window that moves in steps of a quarter
+window, so its KV cache is rebuilt once per quarter window, not at every token).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from omnidraft.adapter.head import AcceptHead
+from omnidraft.drafter.base import Draft, DraftLM
+from omnidraft.drafter.policy import DraftPolicy
+
+WINDOW_MARGIN = 16  # positions kept free for the draft itself
+
+
+class Drafter:
+    """Autoregressive drafting over a :class:`DraftLM` (torch or onnxruntime)."""
+
+    def __init__(self, lm: DraftLM, stop_ids: Sequence[int] = ()) -> None:
+        self.lm = lm
+        self.stop_ids = {int(t) for t in stop_ids}  # drafter ids after which drafting is pointless
+        self.head: AcceptHead | None = None  # set by the adapter slot with the adapter's head
+
+    def reset(self) -> None:
+        self.lm.reset()
+
+    def window(self, context: Sequence[int], budget: int) -> Sequence[int]:
+        """The part of ``context`` the drafter reads: all of it, or a sliding window at its limit."""
+        size = self.lm.max_positions - budget - WINDOW_MARGIN
+        if len(context) <= size:
+            return context
+        step = max(size // 4, 1)
+        start = ((len(context) - size) // step + 1) * step
+        return context[start:]
+
+    @torch.inference_mode()
+    def draft(self, context: Sequence[int], budget: int, policy: DraftPolicy) -> Draft:
+        """Draft up to ``budget`` tokens after ``context`` (drafter ids) under ``policy``."""
+        tokens: list[int] = []
+        qs: list[torch.Tensor] = []
+        policy.constraint.start()
+        policy.stop.start()
+        logits = self.lm.logits_for(self.window(context, budget))
+        for step in range(budget):
+            masked = logits + policy.constraint.bias()
+            token, q = policy.sampler.choose(masked)
+            stop = policy.stop.stop_after(token, masked, q, self.lm.last_hidden, logits)
+            tokens.append(token)
+            if q is not None:
+                qs.append(q)
+            policy.constraint.advance(token)
+            if stop or token in self.stop_ids or step == budget - 1:
+                break
+            logits = self.lm.step(token)
+        return Draft(tokens, torch.stack(qs) if qs else None)

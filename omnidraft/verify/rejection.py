@@ -1,0 +1,57 @@
+"""Speculative rejection sampling over the target vocabulary (Algorithm 1, lines 10-16).
+
+Accept t_i with probability min(1, p(t_i)/q'(t_i)); on rejection sample the residual
+norm(max(0, p − q')); after m acceptances sample a bonus token from p_{m+1}. The ``omnidraft`` and
+``tli`` rules differ only in what q' is (the paper's eq. (2) with n-gram merges, or the drafter
+restricted to the vocabulary intersection, Alg. 4 of the heterogeneous-vocabulary paper), which the
+translator computes; this module only sees q' rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+from omnidraft.verify.sampling import probs_from_logits
+
+
+def sample_verify(
+    target_probs: torch.Tensor,
+    proposed: Sequence[int],
+    draft_probs: Callable[[int], torch.Tensor],
+    generator: torch.Generator,
+    last_draft: torch.Tensor | None = None,
+) -> tuple[int, int]:
+    """Speculative rejection sampling; ``draft_probs(i)`` is q' over the target vocabulary at i.
+
+    ``last_draft``: when the draft ended at position m because the drafter sampled a token with no
+    target translation (mass 1 - sum q'), that "null proposal" is always rejected, so the next
+    token comes from the residual of q'_m, not from p — which keeps the output distributed as p.
+    """
+    for i, tok in enumerate(proposed):
+        q = draft_probs(i)
+        p_tok, q_tok = float(target_probs[i, tok]), float(q[tok])
+        if q_tok > 0 and torch.rand((), generator=generator).item() * q_tok <= p_tok:
+            continue  # accepted with probability min(1, p/q')
+        residual = (target_probs[i] - q).clamp_min(0.0)
+        total = float(residual.sum())
+        dist = residual / total if total > 0 else target_probs[i]
+        return i, int(torch.multinomial(dist, 1, generator=generator))
+    last = len(proposed)
+    dist = target_probs[last]
+    if last_draft is not None:
+        residual = (dist - last_draft).clamp_min(0.0)
+        if float(residual.sum()) > 0:
+            dist = residual / residual.sum()
+    return last, int(torch.multinomial(dist, 1, generator=generator))
+
+
+class RejectionSampling:
+    """q' comes from the translator (eq. (2)); the rule itself is the same for omnidraft and tli."""
+
+    def verify(self, logits: torch.Tensor, proposal, config, generator: torch.Generator) -> tuple[int, int]:
+        p = probs_from_logits(logits, config.temperature, config.top_p)
+        translator, draft, tr = proposal.translator, proposal.draft, proposal.translation
+        return sample_verify(p, proposal.proposed, lambda i: translator.draft_target_probs(draft, tr, i), generator,
+                             translator.null_proposal(draft, tr, len(proposal.proposed)))

@@ -1,0 +1,221 @@
+"""Translators: drafted drafter tokens -> proposed target tokens, and emitted target tokens back.
+
+Two strategies behind one interface (:class:`Translator`):
+
+- :class:`TokenTranslator`, the paper's (OmniDraft §3.1, eq. (1)/(2)): each drafted token maps
+  through the direct-mapping table, or a run of sub-tokens merges into one target token through
+  the n-gram cache; the drafter may only propose tokens that can be carried that way. It knows q'
+  in target space (eq. (2)), so the rejection-sampling rules use it.
+- :class:`TextTranslator` (SLEM-style): the drafted *text* is re-tokenized with the target
+  tokenizer after a short look-behind, so a drafter token that spans two target tokens (SmolLM2's
+  '\\n' + indent against Qwen's '):\\n' then the indent) is still proposed. It has no per-token q',
+  so it serves greedy verification.
+
+Both keep the drafter's context in step with what the target emitted (reverse translation,
+Algorithm 1 lines 17-19) and learn n-grams on the way when given a cache to learn into.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import torch
+
+from omnidraft.drafter.base import Draft
+from omnidraft.ngram.trie import NgramCache, TrieNode
+from omnidraft.vocab.bridge import Translation, VocabBridge
+from omnidraft.vocab.reverse import DrafterContext
+
+
+class Translator(Protocol):
+    def constraint(self, vocab_size: int):
+        """The drafter's constraint for one draft (``omnidraft.drafter.policy.DraftConstraint``)."""
+
+    def forward(self, context: Sequence[int], draft: Draft) -> Translation:
+        """Target tokens for a draft, after the target-token ``context``."""
+
+    def reverse(self, ctx: DrafterContext, draft: Draft, tr: Translation, emitted: list[int], accepted: int) -> None:
+        """Append what the target emitted to the drafter's context."""
+
+    def ngram_hits(self, draft: Draft, tr: Translation, proposed: int, accepted: int) -> tuple[int, int]:
+        """(proposals that came from the n-gram cache, of which accepted), noted in the cache."""
+
+
+# ---------------------------------------------------------------- text
+
+
+class _FixedBias:
+    def __init__(self, bias: torch.Tensor) -> None:
+        self._bias = bias
+
+    def start(self) -> None:
+        pass
+
+    def bias(self) -> torch.Tensor:
+        return self._bias
+
+    def advance(self, token: int) -> None:
+        pass
+
+
+class TextTranslator:
+    """Re-tokenizes drafted text with the target tokenizer (greedy verification only)."""
+
+    def __init__(self, bridge: VocabBridge, learn: NgramCache | None = None) -> None:
+        self.bridge, self.learn = bridge, learn
+        self._bias: dict[int, torch.Tensor] = {}
+
+    def constraint(self, vocab_size: int) -> _FixedBias:
+        """Any drafter token with bytes may be proposed, and a special token with a target partner."""
+        if vocab_size not in self._bias:
+            d2t = self.bridge.d2t_list
+            ok = [data is not None or d2t[i] >= 0 for i, data in enumerate(self.bridge.d.token_bytes[:vocab_size])]
+            bias = torch.full((vocab_size,), float("-inf"))
+            bias[: len(ok)] = torch.where(torch.tensor(ok), 0.0, float("-inf"))
+            self._bias[vocab_size] = bias
+        return _FixedBias(self._bias[vocab_size])
+
+    def forward(self, context: Sequence[int], draft: Draft) -> Translation:
+        return self.bridge.forward_text(context, draft.tokens)
+
+    def reverse(self, ctx: DrafterContext, draft: Draft, tr: Translation, emitted: list[int], accepted: int) -> None:
+        """Accepted text keeps the drafted tokens that lie wholly inside it; the rest is re-tokenized."""
+        kept = min(accepted, len(emitted))
+        accepted_bytes = b"".join(self.bridge.target_bytes(t) or b"" for t in emitted[:kept])
+        leftover = ctx.extend_accepted_bytes(draft.tokens, accepted_bytes)
+        for tok in emitted[kept:]:
+            ctx.append_target(tok, self.learn, before=leftover)
+            leftover = b""
+        if leftover:
+            ctx.append_bytes(leftover)
+
+    def ngram_hits(self, draft: Draft, tr: Translation, proposed: int, accepted: int) -> tuple[int, int]:
+        return 0, 0
+
+
+# ---------------------------------------------------------------- tokens (eq. (1)/(2))
+
+
+class _TokenConstraint:
+    """Direct-mapped tokens, plus sub-tokens that start or extend an n-gram in the cache."""
+
+    def __init__(self, translator: TokenTranslator, vocab_size: int) -> None:
+        self.t = translator
+        self.dm_bias = translator.dm_bias(vocab_size)
+        self.active: list[TrieNode] = []
+
+    def start(self) -> None:
+        self.active = []
+
+    def bias(self) -> torch.Tensor:
+        ngrams = self.t.propose
+        if ngrams is None or not len(ngrams):
+            return self.dm_bias
+        extra = [t for node in self.active for t in node.children]
+        root = self.t.root_extras(len(self.dm_bias))
+        if not extra and not len(root):
+            return self.dm_bias
+        bias = self.dm_bias.clone()
+        bias[root] = 0.0
+        if extra:
+            bias[torch.tensor(extra, dtype=torch.long)] = 0.0
+        return bias
+
+    def advance(self, token: int) -> None:
+        ngrams = self.t.propose
+        if ngrams is not None and len(ngrams):
+            self.active = [c for node in self.active + [ngrams.root] if (c := node.children.get(token)) is not None]
+
+
+class TokenTranslator:
+    """The paper's token-level translation; ``propose`` merges n-grams, ``learn`` learns them."""
+
+    def __init__(self, bridge: VocabBridge, target_vocab_size: int, propose: NgramCache | None = None,
+                 learn: NgramCache | None = None) -> None:
+        self.bridge, self.propose, self.learn = bridge, propose, learn
+        self.target_vocab_size = target_vocab_size
+        src = torch.nonzero(bridge.d2t >= 0).flatten()
+        tgt = bridge.d2t[src]
+        keep = tgt < target_vocab_size
+        self._dm_src, self._dm_tgt = src[keep], tgt[keep]
+        # Memo of root_extras, keyed by the cache object *and* its version: one bridge serves
+        # several caches (bench modes), whose versions can coincide while their keys differ.
+        self._root_key: tuple[int, int] | None = None
+        self._root_extra = torch.empty(0, dtype=torch.long)
+        self._dm_bias: torch.Tensor | None = None
+
+    def dm_bias(self, vocab_size: int) -> torch.Tensor:
+        """0 on direct-mapped drafter tokens, -inf elsewhere (the TLI restriction)."""
+        if self._dm_bias is None or len(self._dm_bias) != vocab_size:
+            bias = torch.full((vocab_size,), float("-inf"))
+            bias[: len(self.bridge.dm_bias)] = self.bridge.dm_bias[:vocab_size]
+            self._dm_bias = bias
+        return self._dm_bias
+
+    def root_extras(self, vocab_size: int) -> torch.Tensor:
+        """Non-direct-mapped first sub-tokens of cached n-grams (recomputed when the cache changes)."""
+        key = (id(self.propose), self.propose.version)
+        if self._root_key != key:
+            d2t = self.bridge.d2t_list
+            ids = [t for t in self.propose.root.children if t < vocab_size and (t >= len(d2t) or d2t[t] < 0)]
+            self._root_extra = torch.tensor(ids, dtype=torch.long)
+            self._root_key = key
+        return self._root_extra
+
+    def constraint(self, vocab_size: int) -> _TokenConstraint:
+        return _TokenConstraint(self, vocab_size)
+
+    def forward(self, context: Sequence[int], draft: Draft) -> Translation:
+        return self.bridge.forward(draft.tokens, self.propose)
+
+    def reverse(self, ctx: DrafterContext, draft: Draft, tr: Translation, emitted: list[int], accepted: int) -> None:
+        """Accepted proposals go back as the drafter tokens that produced them; the rest re-tokenized."""
+        kept = min(accepted, len(emitted))
+        ctx.extend_accepted(draft.tokens, tr.spans[kept - 1][1] if kept else 0)
+        for tok in emitted[kept:]:
+            ctx.append_target(tok, self.learn)
+
+    def ngram_hits(self, draft: Draft, tr: Translation, proposed: int, accepted: int) -> tuple[int, int]:
+        hits = hits_accepted = 0
+        for i in range(proposed):
+            if tr.ngram[i]:
+                key = draft.tokens[tr.spans[i][0]: tr.spans[i][1]]
+                hits += 1
+                self.propose.note_proposed(key)
+                if i < accepted:
+                    hits_accepted += 1
+                    self.propose.note_accepted(key)
+        return hits, hits_accepted
+
+    # ---- q' in target space, eq. (2) (the rejection-sampling rules)
+
+    def draft_target_probs(self, draft: Draft, tr: Translation, i: int) -> torch.Tensor:
+        """q' over the target vocabulary at proposal i, eq. (2).
+
+        Direct-mapped mass moves to the partner token (several drafter tokens may share one);
+        for an n-gram the product of its sub-token probabilities goes to the n-gram token and is
+        taken from its first sub-token's partner.
+        """
+        start, end = tr.spans[i]
+        q_t = self.dm_target_probs(draft.q[start])
+        if tr.ngram[i]:
+            prod = float(torch.prod(torch.stack([draft.q[j, draft.tokens[j]] for j in range(start, end)])))
+            first = int(self.bridge.d2t[draft.tokens[start]])
+            if first >= 0:
+                q_t[first] = max(float(q_t[first]) - prod, 0.0)
+            q_t[tr.target_ids[i]] += prod
+        return q_t
+
+    def null_proposal(self, draft: Draft, tr: Translation, proposed: int) -> torch.Tensor | None:
+        """q' of the drafted position right after the last proposal when the draft stopped there
+        on a token with no translation (the "null proposal" that ``sample_verify`` must reject)."""
+        if proposed == len(tr.target_ids) and tr.drafted_used < len(draft.tokens):
+            return self.dm_target_probs(draft.q[tr.drafted_used])
+        return None
+
+    def dm_target_probs(self, row: torch.Tensor) -> torch.Tensor:
+        """Drafter distribution moved onto the target vocabulary through the direct mapping."""
+        q_t = torch.zeros(self.target_vocab_size, dtype=row.dtype)
+        q_t.index_add_(0, self._dm_tgt, row[self._dm_src])
+        return q_t
