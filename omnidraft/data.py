@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from omnidraft.console import warn
 from omnidraft.errors import OmnidraftError
 from omnidraft.fsutil import atomic_write
 from omnidraft.home import home_dir
@@ -110,7 +111,7 @@ def load_prompts(name_or_path: str, n: int | None = None, offset: int = 0,
     if offset < 0 or (n is not None and n < 0):
         raise OmnidraftError(f"prompt slice needs offset >= 0 and n >= 0 (got offset={offset}, n={n})")
     if name_or_path in SETS:
-        records = _read_cached(ensure_cached(name_or_path, home))
+        records = _load_builtin(name_or_path, home)
     else:
         records = read_jsonl_set(_local_path(name_or_path))
     stop = None if n is None else offset + n
@@ -181,6 +182,8 @@ def _local_path(name_or_path: str) -> Path:
     path = Path(name_or_path).expanduser()
     if path.is_file():
         return path
+    if path.is_symlink() and not path.exists():
+        raise OmnidraftError(f"cannot read prompt file {path}: it is a broken or looping symbolic link")
     if path.exists():
         raise OmnidraftError(f"{path} is not a file; give a .jsonl file of {{\"prompt\": ...}} records")
     if path.suffix or os.sep in name_or_path or "/" in name_or_path:
@@ -206,11 +209,27 @@ def _json_lines(path: Path) -> Iterable[tuple[int, dict]]:
         yield lineno, obj
 
 
-def _read_cached(path: Path) -> list[PromptRecord]:
+def _load_builtin(name: str, home: str | os.PathLike | None) -> list[PromptRecord]:
+    """The records of a builtin set; a damaged normalised copy is set aside and rebuilt once."""
+    path = ensure_cached(name, home)
+    records = _read_cached(path)
+    if records is not None and len(records) == SETS[name].records:
+        return records
+    aside = path.with_name(path.name + ".broken")
+    os.replace(path, aside)
+    warn(f"the cached prompt set {path} was damaged; moved it to {aside.name} and rebuilt it")
+    records = _read_cached(ensure_cached(name, home))
+    if records is None:
+        raise OmnidraftError(f"the prompt set {name!r} could not be rebuilt at {path}")
+    return records
+
+
+def _read_cached(path: Path) -> list[PromptRecord] | None:
+    """The normalised records, or None when the file is not what we wrote."""
     try:
         return [PromptRecord(str(o["id"]), o["text"], bool(o["chat"])) for _, o in _json_lines(path)]
-    except KeyError:
-        raise OmnidraftError(f"the cached prompt set {path} is damaged; delete it and it is rebuilt on the next load") from None
+    except (OmnidraftError, KeyError, TypeError):
+        return None
 
 
 def _download(spec: PromptSet, dest: Path) -> Path:

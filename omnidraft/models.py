@@ -230,6 +230,8 @@ def _cache_valid(path: Path, model: BuiltinModel) -> bool:
 def check_spec(spec: str) -> None:
     """Refuse what cannot be a model before anything loads: an unknown builtin, a path that is
     missing or a file, text that is neither a path nor a hub id."""
+    if not spec.strip():
+        raise OmnidraftError("the model spec is empty; give builtin:NAME, a model folder or a hub id")
     if builtin(spec) is not None:
         return
     path = Path(spec).expanduser()

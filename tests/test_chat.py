@@ -31,10 +31,10 @@ from omnidraft.chat import (
     parse_input,
     render_conversation,
     stop_strings,
-    write_json_atomic,
 )
 from omnidraft.decode import DecodeStats
 from omnidraft.errors import OmnidraftError
+from omnidraft.fsutil import atomic_write_json as write_json_atomic
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -60,8 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         return _quiet_broken_pipe()
     except OSError as exc:  # the environment: a read-only or full disk, a path we may not read
-        where = f": {exc.filename}" if exc.filename else ""
-        print(f"omnidraft: error: {exc.strerror or exc}{where}", file=sys.stderr)
+        where = f"cannot use {exc.filename}: " if exc.filename else ""
+        print(f"omnidraft: error: {where}{exc.strerror or exc}", file=sys.stderr)
         return 2
     except MemoryError:
         print("omnidraft: error: out of memory (try a shorter prompt, fewer tokens, or a smaller model)", file=sys.stderr)

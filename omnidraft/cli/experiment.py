@@ -41,12 +41,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     kinds = p.add_subparsers(dest="experiment", required=True, metavar="EXPERIMENT")
     cache = kinds.add_parser("cache", help="n-gram cache ablation: growth, LRU/LFU budgets (Table 14, Figure 9)")
     _common(cache, CACHE_STREAM_N)
-    cache.add_argument("--verify", choices=("greedy", "omnidraft"), default="greedy",
+    cache.add_argument("--verify", choices=("greedy", "omnidraft"), default=None,
                        help="greedy (default, lossless) or omnidraft sampling at --sample-temperature")
     cache.add_argument("--sample-temperature", type=number(0, low_open=True), default=0.7,
                        help="temperature with --verify omnidraft (default 0.7)")
     cache.set_defaults(func=cmd_cache)
-    online = kinds.add_parser("online", help="online distillation along a stream, evaluated at checkpoints (Table 1)")
+    online = kinds.add_parser("online", help="online distillation along a stream, evaluated at checkpoints (Table 1); "
+                                             "it trains its own adapters in memory (--adapter is not used)")
     _common(online, ONLINE_STREAM_N)
     online.add_argument("--checkpoints", type=COUNT, default=4, help="evaluations along the stream after the untrained one")
     online.add_argument("--losses", default="dm,hybrid",
@@ -67,7 +68,6 @@ def _common(p: argparse.ArgumentParser, stream_n: int) -> None:
                                                                      f"(default {stream_n}); the held-out --n follow it")
     add_model_options(p)
     add_decode_options(p, skip=("verify", "translate", "temperature", "use_ngram"))
-    p.set_defaults(adapter="none")
 
 
 def _stream_and_heldout(args: argparse.Namespace):
@@ -94,7 +94,8 @@ def cmd_cache(args: argparse.Namespace) -> int:
 
     if args.drafter == "none":
         raise OmnidraftError("experiment cache needs a drafter (not --drafter none)")
-    config = speculative_config(decode_config(args, verify="greedy", temperature=0.0), args.verify, args.sample_temperature)
+    verify = args.verify or "greedy"
+    config = speculative_config(decode_config(args, verify="greedy", temperature=0.0), verify, args.sample_temperature)
     stream_records, heldout_records = _stream_and_heldout(args)
     args.out.mkdir(parents=True, exist_ok=True)
     pipe = load_for_bench(args)
@@ -103,7 +104,7 @@ def cmd_cache(args: argparse.Namespace) -> int:
     warm = encode_prompt(pipe.target_tokenizer, WARMUP_TEXT, chat=False)
     result = run_cache_ablation(pipe, stream, heldout, config, args.out / "caches", warmup=warm[:16])
     meta = run_meta(args, len(heldout)) | {"ablation": "cache", "stream_n": args.stream_n, "stream_offset": args.offset,
-                                           "heldout_offset": args.offset + args.stream_n, "verify": args.verify,
+                                           "heldout_offset": args.offset + args.stream_n, "verify": verify,
                                            "temperature": config.temperature}
     files = write_ablation(args.out, meta, result)
     sys.stdout.write(ablation_table(result.summary))
