@@ -501,3 +501,55 @@ def test_a_prompt_with_nul_and_odd_text_decodes(shared_models, tmp_path):
     outcome = run(["generate", "--prompt-file", "odd.txt", "--max-new-tokens", "6", "--json", "--adapter", "none"], home)
     check(Case([], 0, writes=True), outcome)
     assert len(json.loads(outcome.stdout)["token_ids"]) >= 1
+
+
+# ---------------------------------------------------------------- long prompts and closed pipes
+
+
+def test_a_prompt_past_the_drafters_positions_slides_its_window():
+    """The drafter (256 positions) reads a sliding window of a 700-token context; the output is
+    still the target's own, and the drafter never holds more positions than it has."""
+    from tiny import DRAFTER_CORPUS, tiny_model, tiny_tokenizer
+
+    from omnidraft.config import DecodeConfig
+    from omnidraft.decode import SpeculativeDecoder
+    from omnidraft.errors import OmnidraftError
+    from omnidraft.runtime import build_bridge, make_drafter
+    from omnidraft.target import TorchTarget
+
+    d_tok, t_tok = tiny_tokenizer(330, DRAFTER_CORPUS), tiny_tokenizer(420)
+    d_model, t_model = tiny_model(len(d_tok), seed=1), tiny_model(len(t_tok), seed=2, positions=2048)
+    target = TorchTarget(t_model, t_tok)
+    bridge = build_bridge(d_model, d_tok, t_model, t_tok)
+    drafter = make_drafter(d_model, bridge, target)
+    held: list[int] = []
+    step = drafter.lm.step
+    drafter.lm.step = lambda tok: (held.append(len(drafter.lm.cached_ids)), step(tok))[1]
+    prompt = t_tok.encode("the cat sat on the mat and the dog sat on the log " * 40)
+    assert len(bridge.target_to_drafter(prompt)) > 600
+    config = DecodeConfig(max_new_tokens=48, draft_len=4, draft_confidence=0.0)
+    expected = SpeculativeDecoder(target).generate(prompt, config).token_ids
+    decoder = SpeculativeDecoder(target, drafter, bridge)
+    assert decoder.generate(prompt, config).token_ids == expected
+    assert decoder.stats.drafted_tokens > 0 and held and max(held) < 256
+    with pytest.raises(OmnidraftError, match="context of 2048 tokens"):
+        decoder.generate(prompt * 5, config)
+
+
+@pytest.mark.real
+def test_output_into_a_closed_pipe_is_quiet(tmp_path):
+    """`omnidraft cache export - | head -1`: no traceback, the status of a process whose reader left."""
+    import subprocess
+
+    from omnidraft.ngram.store import PersistentNgramCache
+
+    with PersistentNgramCache(tmp_path / "cache_store" / "aaaa1111-bbbb2222.sqlite", "aaaa1111-bbbb2222") as cache:
+        for i in range(30_000):
+            cache.add([i, i + 1, 7], i)
+    proc = subprocess.Popen([sys.executable, "-m", "omnidraft", "--home", str(tmp_path), "cache", "export", "-"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout.readline().startswith(b'{"pair_id"')
+    proc.stdout.close()  # the reader leaves after one line
+    _, err = proc.communicate(timeout=120)
+    assert b"Traceback" not in err and b"Exception ignored" not in err, err.decode()[-2000:]
+    assert proc.returncode == 141 and err == b""

@@ -25,11 +25,11 @@ def tiny_tokenizer(vocab_size: int, corpus: list[str] = CORPUS) -> PreTrainedTok
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>")
 
 
-def tiny_model(vocab_size: int, seed: int, sharpness: float = 8.0) -> LlamaForCausalLM:
+def tiny_model(vocab_size: int, seed: int, sharpness: float = 8.0, positions: int = 256) -> LlamaForCausalLM:
     """A 1-layer random Llama whose output logits are scaled up so distributions are peaked."""
     torch.manual_seed(seed)
     cfg = LlamaConfig(vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                      num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=256,
+                      num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=positions,
                       eos_token_id=0, bos_token_id=0, pad_token_id=0, tie_word_embeddings=False)
     model = LlamaForCausalLM(cfg).eval()
     with torch.no_grad():

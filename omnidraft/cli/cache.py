@@ -152,23 +152,25 @@ def cmd_clear(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    """One JSON object per entry; written atomically, so a failed export never leaves a
-    half-written FILE behind."""
+    """One JSON object per entry, to stdout as it is read, or to FILE atomically (a failed export
+    never leaves a half-written FILE behind)."""
     if args.file != "-" and Path(args.file).is_dir():
         raise OmnidraftError(f"cannot export to {args.file}: it is a directory; give a file name")
-    lines: list[str] = []
-    for path in _store_paths(args.pair):
+    if args.file == "-":
+        for line in _export_lines(args.pair):
+            sys.stdout.write(line + "\n")
+        return 0
+    lines = list(_export_lines(args.pair))
+    atomic_write(args.file, "".join(line + "\n" for line in lines))
+    print(f"exported {len(lines)} entries to {args.file}", file=sys.stderr)
+    return 0
+
+
+def _export_lines(pair: str | None):
+    for path in _store_paths(pair):
         cache = _open_frozen(path)
         if cache is None:
             continue
         for key, meta in sorted(cache.entries()):
-            lines.append(json.dumps({"pair_id": cache.pair_id, "drafter_ids": list(key), "target_id": meta.target,
-                                     "proposed": meta.proposed, "accepted": meta.accepted,
-                                     "last_used_us": meta.last_used}))
-    text = "".join(line + "\n" for line in lines)
-    if args.file == "-":
-        sys.stdout.write(text)
-        return 0
-    atomic_write(args.file, text)
-    print(f"exported {len(lines)} entries to {args.file}", file=sys.stderr)
-    return 0
+            yield json.dumps({"pair_id": cache.pair_id, "drafter_ids": list(key), "target_id": meta.target,
+                              "proposed": meta.proposed, "accepted": meta.accepted, "last_used_us": meta.last_used})
