@@ -235,10 +235,10 @@ def check_spec(spec: str) -> None:
     if builtin(spec) is not None:
         return
     path = Path(spec).expanduser()
-    if path.is_dir():
+    if path.is_dir() or is_gguf_file(spec):
         return
     if path.exists():
-        raise OmnidraftError(f"model spec {spec!r} is a file; give a model folder, builtin:NAME or a hub id")
+        raise OmnidraftError(f"model spec {spec!r} is a file; give a model folder, a .gguf file, builtin:NAME or a hub id")
     looks_like_path = spec.startswith(("/", ".", "~")) or spec.endswith("/") or spec.count("/") > 1
     if looks_like_path or not _HUB_ID.match(spec):
         raise OmnidraftError(f"no model folder at {spec!r} (and it is not a hub id like org/name); "
@@ -260,11 +260,35 @@ def hub_reachable(timeout: float = 3.0) -> bool:
         return False
 
 
+def is_gguf_file(spec: str) -> bool:
+    path = Path(spec).expanduser()
+    return path.suffix == ".gguf" and path.is_file()
+
+
+def gguf_of(spec: str, home=None, progress: bool = True) -> Path | None:
+    """The GGUF file ``spec`` runs from on llama.cpp (a builtin's verified file, or a local .gguf),
+    or None when it has none (a transformers folder or hub id)."""
+    model = builtin(spec)
+    if model is not None:
+        return gguf_path(model, home, progress)
+    return Path(spec).expanduser() if is_gguf_file(spec) else None
+
+
 def _load_external(spec: str, torch_dtype):
-    """A local model folder or a hub id; an unreachable hub means the local hub cache only."""
+    """A local model folder, a local .gguf file or a hub id; an unreachable hub means the local
+    hub cache only."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = Path(spec).expanduser()
+    if is_gguf_file(spec):
+        try:
+            tok = _tokenizer_from_gguf(path)
+            lm = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch_dtype)
+        except OmnidraftError:
+            raise
+        except Exception as exc:
+            raise OmnidraftError(f"transformers could not read the GGUF file {path} ({exc.__class__.__name__})") from None
+        return lm.eval(), tok
     local = path.is_dir()
     offline = not local and not hub_reachable()
     source = str(path) if local else spec
@@ -309,6 +333,81 @@ def load(spec: str, home=None, dtype: str = "float32", progress: bool = True):
         tok = AutoTokenizer.from_pretrained(folder)
         lm = AutoModelForCausalLM.from_pretrained(folder, dtype=torch_dtype)
     return lm.eval(), tok
+
+
+_TOKENIZERS: dict[tuple[str, str], object] = {}
+
+
+def load_tokenizer(spec: str, home=None, progress: bool = True):
+    """The tokenizer of ``spec`` alone, without loading (or dequantizing) the model.
+
+    A builtin's comes from its dequantized copy when there is one, else from its GGUF once
+    (10-15 s for Qwen's vocabulary) and is then kept under ``<home>/models``. Memoised per process.
+    """
+    from transformers import AutoTokenizer
+
+    key = (spec, str(home_dir(home)))
+    if key in _TOKENIZERS:
+        return _TOKENIZERS[key]
+    check_spec(spec)
+    model = builtin(spec)
+    if model is None:
+        path = Path(spec).expanduser()
+        if is_gguf_file(spec):
+            tok = _tokenizer_from_gguf(path)
+        else:
+            offline = not path.is_dir() and not hub_reachable()
+            try:
+                tok = AutoTokenizer.from_pretrained(str(path) if path.is_dir() else spec, local_files_only=offline)
+            except Exception as exc:
+                raise OmnidraftError(f"cannot load the tokenizer of {spec!r} ({exc.__class__.__name__})") from None
+    elif _cache_valid(cache_dir(model, home), model):
+        tok = AutoTokenizer.from_pretrained(cache_dir(model, home))
+    else:
+        folder = tokenizer_dir(model, home)
+        if not _tokenizer_valid(folder, model):
+            _build_tokenizer(model, folder, home, progress)
+        tok = AutoTokenizer.from_pretrained(folder)
+    _TOKENIZERS[key] = tok
+    return tok
+
+
+def tokenizer_dir(model: BuiltinModel, home=None) -> Path:
+    return models_dir(home) / f"{model.name}-{model.sha256[:12]}-tokenizer"
+
+
+def _tokenizer_valid(folder: Path, model: BuiltinModel) -> bool:
+    try:
+        meta = json.loads((folder / "omnidraft-tokenizer.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(meta, dict) and meta.get("gguf_sha256") == model.sha256
+
+
+def _tokenizer_from_gguf(gguf: Path):
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    except Exception as exc:
+        raise OmnidraftError(f"cannot read a tokenizer from {gguf} ({exc.__class__.__name__}: "
+                             f"{str(exc).splitlines()[0][:100] if str(exc) else ''})") from None
+
+
+def _build_tokenizer(model: BuiltinModel, folder: Path, home, progress: bool) -> None:
+    """Read the tokenizer out of the verified GGUF once and keep it, atomically."""
+    tok = _tokenizer_from_gguf(gguf_path(model, home, progress))
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}-"))
+    try:
+        tok.save_pretrained(tmp)
+        atomic_write_json(tmp / "omnidraft-tokenizer.json", {"spec": model.spec, "gguf_sha256": model.sha256})
+        fsync_tree(tmp)
+        if folder.exists():
+            shutil.rmtree(folder)
+        os.replace(tmp, folder)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _dtype(name: str):

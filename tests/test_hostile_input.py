@@ -383,11 +383,12 @@ def shared_models(real_models):
 
     original = models.load
     pristine, drafter_tok = original(DRAFTER, home=TEST_HOME, progress=False)
+    targets = {TARGET: real_models(TARGET)}  # loaded before the patch: real_models calls models.load
 
     def load(spec, home=None, dtype="float32", progress=True):
         if spec == DRAFTER:
             return copy.deepcopy(pristine), drafter_tok
-        return real_models(spec)
+        return targets[spec]
 
     models.load = load
     yield
@@ -464,6 +465,7 @@ def test_a_damaged_adapter_is_reported_never_used(name, real_models, shared_mode
 @pytest.mark.parametrize("how", DAMAGE)
 def test_a_damaged_cache_is_set_aside_and_generation_goes_on(how, real_models, shared_models, tmp_path):
     home = tmp_path / "home"
+    home.mkdir()
     first = run(GENERATE + ["--adapter", "none"], home)
     assert first.code == 0, first.stderr
     (store,) = (home / "cache_store").glob("*.sqlite")
