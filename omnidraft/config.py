@@ -14,6 +14,7 @@ from omnidraft.verify import RULES, VERIFIERS, rule_info
 
 TRANSLATIONS = ("auto", "text", "tokens")
 DRAFT_STOPS = ("auto", "head", "confidence", "fixed")
+ENGINES = ("auto", "torch", "llamacpp")  # auto: llama.cpp for GGUF targets when installed, else torch
 DRAFTER_DTYPES = ("float32", "bfloat16", "int8")
 DEFAULT_DRAFTER_DTYPE = "bfloat16"  # fastest eager drafter on CPU that `omnidraft bench` found (docs/performance.md)
 INT8_NO_ADAPTER = "an int8 drafter cannot take a LoRA adapter (LoRA needs float weights); use --drafter-dtype bfloat16"
@@ -33,9 +34,10 @@ class DecodeConfig:
     # A cheap stand-in for the learned acceptance head: a doubtful token is rarely accepted, and
     # every token drafted after it is wasted drafter time.
     draft_confidence: float = 0.6
-    # When to stop drafting: "head" = the adapter's learned acceptance head with threshold
-    # stop_gamma (OmniDraft §3.3, eq. (7)); "confidence" = the fixed threshold above; "fixed" =
-    # always draft_len tokens; "auto" = the head when the adapter in use has one, else confidence.
+    # When to stop drafting: "auto" = the cost-aware policy (drafts only while a token is expected
+    # to raise tokens/s, from measured costs and acceptance; the head's estimates when the adapter
+    # has one); "head" = the adapter's acceptance head with threshold stop_gamma (OmniDraft §3.3,
+    # eq. (7)); "confidence" = the fixed threshold above; "fixed" = always draft_len tokens.
     draft_stop: str = "auto"
     stop_gamma: float = 0.5
     # How drafted tokens become target tokens: "tokens" is the paper's direct mapping + n-gram
@@ -85,5 +87,5 @@ def default_rule(temperature: float) -> str:
     return next(name for name, r in RULES.items() if r.sampling and r.exact)
 
 
-__all__ = ["DEFAULT_DRAFTER_DTYPE", "DRAFTER_DTYPES", "DRAFT_STOPS", "INT8_NO_ADAPTER", "TRANSLATIONS", "VERIFIERS",
+__all__ = ["DEFAULT_DRAFTER_DTYPE", "DRAFTER_DTYPES", "DRAFT_STOPS", "ENGINES", "INT8_NO_ADAPTER", "TRANSLATIONS", "VERIFIERS",
            "DecodeConfig", "default_rule"]

@@ -20,6 +20,7 @@ import torch
 from omnidraft.config import DecodeConfig
 from omnidraft.console import Utf8Stream
 from omnidraft.drafter import Draft, Drafter, DraftPolicy, Sampler
+from omnidraft.drafter.budget import DraftBudget
 from omnidraft.drafter.policy import stop_rule
 from omnidraft.errors import OmnidraftError
 from omnidraft.ngram.trie import NgramCache, NgramTrie
@@ -40,6 +41,7 @@ class DecodeStats:
 
     steps: int = 0
     target_forwards: int = 0
+    plain_steps: int = 0  # steps where the draft policy chose not to draft (it would not have paid)
     drafted_tokens: int = 0
     proposed_tokens: int = 0
     accepted_tokens: int = 0
@@ -127,6 +129,7 @@ class Plan:
     rule: Any
     translator: Translator
     policy: DraftPolicy
+    budget: DraftBudget | None  # the cost-aware policy's numbers (None: a fixed stop rule)
 
 
 class SpeculativeDecoder:
@@ -142,6 +145,7 @@ class SpeculativeDecoder:
         self.observers: list[DecodeObserver] = []
         self._token_bytes: list[bytes | None] | None = None
         self._translators: dict[tuple, Translator] = {}
+        self.budget = DraftBudget()  # measured costs and acceptance, kept across requests
 
     # ---- public API ----------------------------------------------------------------------------
     def generate(self, prompt_ids: Sequence[int], config: DecodeConfig) -> DecodeResult:
@@ -183,6 +187,9 @@ class SpeculativeDecoder:
         start = time.perf_counter()
         ids = list(prompt_ids)
         ctx = DrafterContext(self.bridge, ids) if plan is not None else None
+        stale = False
+        if plan is not None and plan.budget is not None and not plan.budget.measured:
+            plan.budget.measure(self.target, self.drafter, ids, ctx.ids)
         observers = list(self.observers)
         for obs in observers:
             obs.on_start(ids)
@@ -190,10 +197,14 @@ class SpeculativeDecoder:
             while self.stats.new_tokens < config.max_new_tokens:
                 for obs in observers:
                     obs.before_step()
-                if plan is None or config.max_new_tokens - self.stats.new_tokens <= 1:
-                    emitted, done, logits = self._target_step(ids, config, generator)  # nothing to speculate on
+                budget = self._draft_budget(plan, config)
+                if budget == 0:  # no drafter, one token left, or drafting would not pay: a plain step
+                    emitted, done, logits = self._target_step(ids, config, generator, plan)
+                    stale = plan is not None  # the drafter's context is caught up when drafting resumes
                 else:
-                    emitted, done, logits = self._speculative_step(ids, ctx, plan, config, generator)
+                    if stale:
+                        ctx, stale = self._rebuild_context(ids), False
+                    emitted, done, logits = self._speculative_step(ids, ctx, plan, config, generator, budget)
                 for obs in observers:
                     obs.on_step(logits, emitted)
                 ids.extend(emitted)
@@ -217,9 +228,11 @@ class SpeculativeDecoder:
         translation = info.translations[0] if config.translate == "auto" else config.translate
         translator = self.translator(translation, config.use_ngram and info.uses_ngrams, config.use_ngram)
         sampler = Sampler(config.temperature if info.sampling else 0.0, config.top_p, info.keeps_q, generator)
-        stop = stop_rule(config.draft_stop, self.drafter.head, config.draft_confidence, config.stop_gamma)
+        budget = self.budget if config.draft_stop == "auto" else None
+        stop = stop_rule(config.draft_stop, self.drafter.head, config.draft_confidence, config.stop_gamma,
+                         budget, config.draft_len)
         policy = DraftPolicy(sampler, translator.constraint(self.drafter.lm.vocab_size), stop)
-        return Plan(get_rule(config.verify), translator, policy)
+        return Plan(get_rule(config.verify), translator, policy, budget)
 
     def translator(self, translation: str, propose_ngrams: bool, learn_ngrams: bool) -> Translator:
         """One translator per kind, kept for the decoder's life (they hold masks and memos)."""
@@ -241,23 +254,44 @@ class SpeculativeDecoder:
                 return emitted[: j + 1][:remaining], True
         return emitted[:remaining], len(emitted) >= remaining
 
-    def _target_step(self, ids: list[int], config: DecodeConfig, generator: torch.Generator):
+    def _draft_budget(self, plan: Plan | None, config: DecodeConfig) -> int:
+        """Most tokens to draft this step (0: a plain target step)."""
+        remaining = config.max_new_tokens - self.stats.new_tokens
+        if plan is None or remaining <= 1:
+            return 0
+        k_max = min(config.draft_len, remaining - 1)
+        return plan.budget.plan(k_max) if plan.budget is not None else k_max
+
+    def _target_step(self, ids: list[int], config: DecodeConfig, generator: torch.Generator, plan: Plan | None = None):
         t0 = time.perf_counter()
         logits = self.target.score(ids, 0)
         if config.temperature <= 0:
             nxt = int(logits[0].argmax())
         else:
             nxt = int(torch.multinomial(probs_from_logits(logits[0], config.temperature, config.top_p), 1, generator=generator))
-        self.stats.verify_s += time.perf_counter() - t0
+        seconds = time.perf_counter() - t0
+        self.stats.verify_s += seconds
         self.stats.steps += 1
         self.stats.target_forwards += 1
+        if plan is not None:
+            self.stats.plain_steps += 1
+            if plan.budget is not None:
+                plan.budget.observe_plain(seconds)
         return *self._finish([nxt], config.max_new_tokens - self.stats.new_tokens), logits
 
+    def _rebuild_context(self, ids: list[int]) -> DrafterContext:
+        """The drafter's context after plain steps, rebuilt from the text once drafting resumes
+        (plain steps on a compute-bound target must not pay for a drafter they do not use)."""
+        t0 = time.perf_counter()
+        ctx = DrafterContext(self.bridge, ids)
+        self.stats.bridge_s += time.perf_counter() - t0
+        return ctx
+
     def _speculative_step(self, ids: list[int], ctx: DrafterContext, plan: Plan, config: DecodeConfig,
-                          generator: torch.Generator):
+                          generator: torch.Generator, budget: int):
         remaining = config.max_new_tokens - self.stats.new_tokens
         t0 = time.perf_counter()
-        draft = self.drafter.draft(ctx.ids, min(config.draft_len, remaining - 1), plan.policy)
+        draft = self.drafter.draft(ctx.ids, budget, plan.policy)
         t1 = time.perf_counter()
         tr = plan.translator.forward(ids, draft)
         proposal = Proposal(draft, tr, tr.target_ids[: remaining - 1], plan.translator)
@@ -267,6 +301,10 @@ class SpeculativeDecoder:
         t3 = time.perf_counter()
         emitted, done = self._finish(proposal.proposed[:n] + [nxt], remaining)
         self._count(proposal, n)
+        if plan.budget is not None:
+            kept = plan.translator.drafted_kept(draft, tr, n, proposal.proposed)
+            plan.budget.observe_step(len(draft.tokens), t1 - t0, len(proposal.proposed), t3 - t2, kept,
+                                     plan.policy.stop.probs)
         if not done:  # reverse translation (Algorithm 1, lines 17-19)
             plan.translator.reverse(ctx, draft, tr, emitted, n)
         t4 = time.perf_counter()

@@ -7,6 +7,7 @@ imports nothing from ``omnidraft.train``: decoding needs only what ``omnidraft.a
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,12 @@ import torch
 from omnidraft import models
 from omnidraft.adapter import store as adapters
 from omnidraft.adapter.slot import AdapterSlot
-from omnidraft.config import DEFAULT_DRAFTER_DTYPE, DRAFTER_DTYPES, INT8_NO_ADAPTER
+from omnidraft.config import (
+    DEFAULT_DRAFTER_DTYPE,
+    DRAFTER_DTYPES,
+    ENGINES,
+    INT8_NO_ADAPTER,
+)
 from omnidraft.console import notice, warn
 from omnidraft.decode import SpeculativeDecoder
 from omnidraft.drafter import Drafter
@@ -33,9 +39,10 @@ class Pipeline:
     decoder: SpeculativeDecoder
     target_spec: str
     drafter_spec: str | None
-    target_model: torch.nn.Module
+    target_model: torch.nn.Module | None  # the torch model (None when the target runs on llama.cpp)
     drafter_model: torch.nn.Module | None
     adapter_slot: AdapterSlot | None = None  # when a drafter is loaded
+    engine: str = "torch"
 
     @property
     def target_tokenizer(self) -> Any:
@@ -44,6 +51,41 @@ class Pipeline:
 
 def build_bridge(drafter_model, drafter_tokenizer, target_model, target_tokenizer) -> VocabBridge:
     return VocabBridge(drafter_tokenizer, target_tokenizer, output_vocab_size(drafter_model), output_vocab_size(target_model))
+
+
+def llama_cpp_installed() -> bool:
+    """Whether llama-cpp-python is there (found without importing it)."""
+    return importlib.util.find_spec("llama_cpp") is not None
+
+
+def resolve_engine(spec: str, engine: str, dtype: str = "float32") -> str:
+    """``auto``: llama.cpp for a GGUF target (a builtin or a .gguf file) when llama-cpp-python is
+    installed and no torch dtype was asked for (it runs them 4-6x faster than our fp32 torch
+    engine, see docs/performance.md), else torch."""
+    if engine not in ENGINES:
+        raise OmnidraftError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
+    if engine != "auto":
+        return engine
+    gguf = models.builtin(spec) is not None or models.is_gguf_file(spec)
+    return "llamacpp" if gguf and dtype == "float32" and llama_cpp_installed() else "torch"
+
+
+def load_target(spec: str, engine: str = "auto", *, home=None, dtype: str = "float32",
+                quiet: bool = False) -> tuple[Target, torch.nn.Module | None, str]:
+    """(target, its torch model or None, the engine that runs it)."""
+    engine = resolve_engine(spec, engine, dtype)
+    if engine == "llamacpp":
+        from omnidraft.target.llamacpp import LlamaCppTarget, check_gguf_file
+
+        gguf = models.gguf_of(spec, home, progress=not quiet)
+        if gguf is None:
+            raise OmnidraftError(f"--engine llamacpp runs GGUF models: {spec} is not one (use builtin:NAME, "
+                                 "a .gguf file, or --engine torch)")
+        check_gguf_file(gguf)  # before a tokenizer is read out of it
+        tokenizer = models.load_tokenizer(spec, home, progress=not quiet)
+        return LlamaCppTarget(gguf, tokenizer), None, engine
+    model, tokenizer = models.load(spec, home=home, dtype=dtype, progress=not quiet)
+    return TorchTarget(model, tokenizer), model, engine
 
 
 def make_drafter(drafter_model: torch.nn.Module, bridge: VocabBridge, target: Target, dtype: str = "float32") -> Drafter:
@@ -76,7 +118,7 @@ def open_ngram_cache(drafter_tok, target_tok, options: CacheOptions, home=None) 
 
 def load_pipeline(target_spec: str, drafter_spec: str | None, *, home=None, dtype: str = "float32",
                   drafter_dtype: str = DEFAULT_DRAFTER_DTYPE, cache: CacheOptions | None = None, quiet: bool = False,
-                  adapter: str = "auto") -> Pipeline:
+                  adapter: str = "auto", engine: str = "auto") -> Pipeline:
     """Load target (and drafter unless None/'none') and wire bridge, n-gram cache, drafter, decoder.
 
     ``adapter``: "auto" uses the pair's LoRA adapter under ``<home>/adapters/`` if one was
@@ -91,15 +133,15 @@ def load_pipeline(target_spec: str, drafter_spec: str | None, *, home=None, dtyp
     if drafting and adapter not in ("auto", "none"):
         precheck_adapter(adapter, drafter_dtype)  # a bad path fails now, not after a minute of loading
     if not quiet:
-        notice(f"loading target {target_spec}")
-    target_model, target_tok = models.load(target_spec, home=home, dtype=dtype, progress=not quiet)
-    target = TorchTarget(target_model, target_tok)
+        notice(f"loading target {target_spec} ({resolve_engine(target_spec, engine, dtype)})")
+    target, target_model, engine = load_target(target_spec, engine, home=home, dtype=dtype, quiet=quiet)
+    target_tok = target.tokenizer
     if not drafting:
-        return Pipeline(SpeculativeDecoder(target), target_spec, None, target_model, None)
+        return Pipeline(SpeculativeDecoder(target), target_spec, None, target_model, None, engine=engine)
     if not quiet:
         notice(f"loading drafter {drafter_spec}")
     drafter_model, drafter_tok = models.load(drafter_spec, home=home, dtype="float32", progress=not quiet)
-    bridge = build_bridge(drafter_model, drafter_tok, target_model, target_tok)
+    bridge = VocabBridge(drafter_tok, target_tok, output_vocab_size(drafter_model), target.vocab_size)
     if bridge.intersection_size == 0:
         raise OmnidraftError(f"{drafter_spec} and {target_spec} share no token: nothing can be drafted")
     identity = adapters.identity_of(drafter_tok, target_tok, drafter_model)  # before int8 hides the weights
@@ -110,7 +152,7 @@ def load_pipeline(target_spec: str, drafter_spec: str | None, *, home=None, dtyp
     slot = AdapterSlot(drafter, identity, adapters.pair_dir(drafter_spec, target_spec, home))
     decoder.observers.append(slot)
     use_adapter(slot, adapter, quiet)
-    return Pipeline(decoder, target_spec, drafter_spec, target_model, drafter_model, slot)
+    return Pipeline(decoder, target_spec, drafter_spec, target_model, drafter_model, slot, engine)
 
 
 def precheck_adapter(adapter: str, drafter_dtype: str) -> None:

@@ -11,6 +11,12 @@ from fractions import Fraction
 
 import pytest
 from conftest import DRAFTER, TEST_HOME
+from test_cli import assert_one_line_error, omnidraft
+from tiny import DRAFTER_CORPUS, tiny_pair, tiny_tokenizer
+
+from omnidraft.bench.runner import PromptRun, summarize
+from omnidraft.config import DecodeConfig
+from omnidraft.errors import OmnidraftError
 from omnidraft.experiments.cache_ablation import (
     FULL,
     NO_CACHE,
@@ -34,12 +40,6 @@ from omnidraft.experiments.cache_report import (
     stream_table,
     write_ablation,
 )
-from test_cli import assert_one_line_error, omnidraft
-from tiny import DRAFTER_CORPUS, tiny_pair, tiny_tokenizer
-
-from omnidraft.bench.runner import PromptRun, summarize
-from omnidraft.config import DecodeConfig
-from omnidraft.errors import OmnidraftError
 from omnidraft.ngram import NgramTrie
 from omnidraft.ngram.store import fresh_store
 from omnidraft.runtime import make_drafter

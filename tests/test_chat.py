@@ -183,9 +183,12 @@ class Turn:
 class Chat:
     """``python -m omnidraft chat`` on a pseudo-terminal, as a person would run it."""
 
-    def __init__(self, home: Path, *args: str) -> None:
+    def __init__(self, home: Path, *args: str, engine: str = "torch") -> None:
+        """``engine`` torch (with the confidence stop, so the drafter always drafts) unless asked."""
         env = dict(os.environ, TERM="dumb", OMNIDRAFT_HOME=str(home))
-        self.child = pexpect.spawn(sys.executable, ["-m", "omnidraft", "chat", "--home", str(home), "--drafter", DRAFTER, *args],
+        policy = ["--draft-stop", "confidence"] if engine == "torch" else []
+        self.child = pexpect.spawn(sys.executable, ["-m", "omnidraft", "chat", "--home", str(home), "--drafter", DRAFTER,
+                                                   "--engine", engine, *policy, *args],
                                    cwd=str(REPO), env=env, encoding="utf-8", timeout=180, dimensions=(40, 500))
         self.child.expect(PROMPT)
         self.banner = clean(self.child.before)
@@ -343,4 +346,20 @@ def test_second_session_starts_with_the_cache_and_survives_bad_targets_and_long_
     stats = "\n".join(chat.send("/stats"))
     assert "target: builtin:gemma3-270m" in stats and "(1 dropped)" in stats
     chat.child.sendeof()
+    assert chat.exit_status() == 0
+
+
+@pytest.mark.real
+def test_chat_on_llama_cpp_streams_and_switches_target(tmp_path):
+    """The default engine for the builtin targets: a turn streams, /target switches, /quit exits 0."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "models").symlink_to(TEST_HOME / "models", target_is_directory=True)
+    chat = Chat(home, "--max-new-tokens", "24", "--no-train", engine="auto")
+    assert "on llamacpp" in chat.banner, chat.banner
+    turn = chat.turn("Name one prime number.")
+    assert turn.reply.strip() and 0 < int(STATUS.search(turn.status).group(1)) <= 24
+    assert any("now chatting with builtin:gemma3-270m" in line for line in chat.send("/target builtin:gemma3-270m"))
+    assert chat.turn("The capital of France is").reply.strip()
+    chat.child.sendline("/quit")
     assert chat.exit_status() == 0

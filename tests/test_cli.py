@@ -80,7 +80,8 @@ def test_corrupt_local_model_folder(tmp_path):
 @pytest.mark.real
 def test_generate_json_matches_target_alone():
     prompt = "def is_palindrome(s):\n"
-    common = ["generate", "--target", "builtin:qwen2.5-coder-0.5b", "--prompt", prompt, "--max-new-tokens", "24", "--json"]
+    common = ["generate", "--target", "builtin:qwen2.5-coder-0.5b", "--prompt", prompt, "--max-new-tokens", "24", "--json",
+              "--engine", "torch", "--draft-stop", "confidence"]  # memory-bound: drafting pays, and must happen here
     spec = omnidraft(*common, "--drafter", DRAFTER)
     alone = omnidraft(*common, "--drafter", "none")
     assert spec.returncode == 0 and alone.returncode == 0, spec.stderr + alone.stderr
@@ -100,7 +101,7 @@ def test_second_run_starts_with_the_ngrams_the_first_learned(tmp_path):
     home.mkdir()
     (home / "models").symlink_to(TEST_HOME / "models", target_is_directory=True)  # reuse dequantized models
     prompt = "Schreibe eine kurze Geschichte über einen Drachen, der Käse liebt."  # German: rich in 1->n splits
-    args = ["--home", str(home), "generate", "--target", "builtin:qwen2.5-coder-0.5b", "--drafter", DRAFTER,
+    args = ["--home", str(home), "generate", "--target", "builtin:qwen2.5-coder-0.5b", "--drafter", DRAFTER, "--engine", "torch",
             "--prompt", prompt, "--chat", "--max-new-tokens", "48", "--json"]
     first = omnidraft(*args)
     assert first.returncode == 0, first.stderr

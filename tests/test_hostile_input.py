@@ -529,7 +529,7 @@ def test_a_prompt_past_the_drafters_positions_slides_its_window():
     drafter.lm.step = lambda tok: (held.append(len(drafter.lm.cached_ids)), step(tok))[1]
     prompt = t_tok.encode("the cat sat on the mat and the dog sat on the log " * 40)
     assert len(bridge.target_to_drafter(prompt)) > 600
-    config = DecodeConfig(max_new_tokens=48, draft_len=4, draft_confidence=0.0)
+    config = DecodeConfig(max_new_tokens=48, draft_len=4, draft_stop="fixed")
     expected = SpeculativeDecoder(target).generate(prompt, config).token_ids
     decoder = SpeculativeDecoder(target, drafter, bridge)
     assert decoder.generate(prompt, config).token_ids == expected

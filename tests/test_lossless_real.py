@@ -40,7 +40,8 @@ def test_greedy_speculative_equals_target_greedy(real_pipeline, target_spec, nam
     with torch.inference_mode():
         ref = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
                              max_new_tokens=NEW_TOKENS, do_sample=False)[0, len(ids):].tolist()
-    got = decoder.generate(ids, DecodeConfig(max_new_tokens=NEW_TOKENS, verify="greedy", draft_len=5, translate=translate)).token_ids
+    got = decoder.generate(ids, DecodeConfig(max_new_tokens=NEW_TOKENS, verify="greedy", draft_len=5, translate=translate,
+                                                  draft_stop="confidence")).token_ids
     assert decoder.stats.target_forwards < len(got), "speculation should save target forwards"
     if got == ref:
         return

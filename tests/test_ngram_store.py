@@ -32,8 +32,8 @@ from omnidraft.ngram.files import (
     list_store_paths,
 )
 from omnidraft.ngram.store import PersistentNgramCache
-from omnidraft.vocab.identity import pair_id
 from omnidraft.ngram.trie import NgramTrie
+from omnidraft.vocab.identity import pair_id
 
 PAIR = "aaaa1111-bbbb2222"
 REPO = Path(__file__).resolve().parents[1]

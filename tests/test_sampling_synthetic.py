@@ -34,7 +34,8 @@ def first_token_counts(decoder: SpeculativeDecoder, prompt: list[int], verify: s
     """Histogram of the first emitted token over seeded runs, and the n-gram proposals made."""
     counts, ngram_hits = torch.zeros(decoder.target.vocab_size), 0
     for seed in range(SAMPLES):
-        cfg = DecodeConfig(max_new_tokens=4, verify=verify, draft_len=3, temperature=TEMPERATURE, seed=seed, draft_confidence=0.0)
+        cfg = DecodeConfig(max_new_tokens=4, verify=verify, draft_len=3, temperature=TEMPERATURE, seed=seed,
+                          draft_stop="fixed")
         first = next(iter(decoder.stream_ids(prompt, cfg)))[0]
         counts[first] += 1
         ngram_hits += decoder.stats.ngram_hits_proposed

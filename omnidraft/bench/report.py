@@ -13,19 +13,36 @@ def fmt(value, spec: str = ".2f") -> str:
 
 
 def markdown_table(summary: dict[str, dict]) -> str:
-    head = ("| mode | tok/s | speedup vs target (median) | mean | acceptance | tokens/target fwd | "
+    head = ("| mode | tok/s | speedup vs target (median) | mean | acceptance | tokens/target fwd | drafted steps | "
             "n-gram hits (acc/prop) | draft/verify/bridge/other s | identical |")
-    lines = [head, "|" + "---|" * 9]
+    lines = [head, "|" + "---|" * 10]
     for mode, r in summary.items():
         split = r["time_split_s"]
         ident = r.get("identical_to_target")
         lines.append(
             f"| {mode} | {r['tokens_per_s']:.2f} | {fmt(r['speedup_vs_target'])}× | {fmt(r['speedup_vs_target_mean'])}× | "
-            f"{fmt(r['acceptance_rate'])} | {fmt(r['tokens_per_target_forward'])} | "
+            f"{fmt(r['acceptance_rate'])} | {fmt(r['tokens_per_target_forward'])} | {_drafted(r)} | "
             f"{r['ngram_hits_accepted']}/{r['ngram_hits_proposed']} | "
             f"{split['draft']:.1f}/{split['verify']:.1f}/{split['bridge']:.1f}/{split['other']:.1f} | "
             f"{'–' if ident is None else ('yes' if ident else 'NO')} |")
     return "\n".join(lines) + "\n"
+
+
+def _drafted(row: dict) -> str:
+    steps = row.get("steps") or 0
+    return f"{row.get('drafted_steps', 0)}/{steps}" if steps else "–"
+
+
+def policy_lines(policy: dict[str, dict]) -> str:
+    """What the cost-aware draft policy measured and chose, one line per mode."""
+    lines = []
+    for mode, p in policy.items():
+        costs = ", ".join(f"{k}: {v:.0f}" for k, v in p["verify_ms_by_proposals"].items())
+        plain = p["budget_choices"].get(0, 0)
+        total = sum(p["budget_choices"].values())
+        lines.append(f"- `{mode}`: verify ms by proposals {{{costs}}}, drafter {p['draft_ms_per_token']:.1f} ms/token; "
+                     f"drafting skipped in {plain} of {total} steps")
+    return "\n".join(lines) + ("\n" if lines else "")
 
 
 def write_results(out_dir: Path, meta: dict, summary: dict[str, dict]) -> list[Path]:
@@ -33,6 +50,8 @@ def write_results(out_dir: Path, meta: dict, summary: dict[str, dict]) -> list[P
     out_dir.mkdir(parents=True, exist_ok=True)
     atomic_write(out_dir / "results.json", json.dumps({"meta": meta, "modes": summary}, indent=1).encode())
     md = f"# omnidraft bench\n\n{meta_line(meta)}\n\n{markdown_table(summary)}"
+    if meta.get("policy"):
+        md += "\nThe cost-aware draft policy (`--draft-stop auto`):\n\n" + policy_lines(meta["policy"])
     atomic_write(out_dir / "results.md", md.encode())
     return [out_dir / "results.json", out_dir / "results.md"] + plot(out_dir, summary)
 
@@ -48,7 +67,7 @@ def draft_policy(meta: dict) -> str:
     if stop == "head":
         return f"k ≤ {k}, {head}"
     if stop == "auto":
-        return f"k ≤ {k}, {head} where the adapter has one, else confidence stop {conf}"
+        return f"k ≤ {k}, cost-aware (drafts only while expected to raise tokens/s)"
     return f"k ≤ {k}, confidence stop {conf}"
 
 

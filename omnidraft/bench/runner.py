@@ -23,9 +23,17 @@ from omnidraft.ngram.trie import NgramCache, NgramTrie
 # greedy-nocache: token mapping alone. tli / omnidraft: rejection sampling at --temperature.
 OUR_MODES = ("target", "greedy", "greedy-ngram", "greedy-nocache", "tli", "omnidraft")
 HF_MODES = ("hf-target", "hf-uag")
-ALL_MODES = OUR_MODES + HF_MODES
+# On llama.cpp: its own greedy loop (llama-cpp-python's ``Llama.generate``), our loop with the
+# target alone, ours with the cost-aware draft policy, and ours drafting blindly (always k = 4).
+LLAMA_MODES = ("llamacpp", "target@llamacpp", "greedy@llamacpp", "greedy-k4@llamacpp")
+ALL_MODES = OUR_MODES + HF_MODES + LLAMA_MODES
 DEFAULT_MODES = ("target", "hf-target", "hf-uag", "greedy", "greedy-ngram", "greedy-nocache", "tli", "omnidraft")
-GREEDY_MODES = ("target", "hf-target", "hf-uag", "greedy", "greedy-ngram", "greedy-nocache")
+GREEDY_MODES = ("target", "hf-target", "hf-uag", "greedy", "greedy-ngram", "greedy-nocache") + LLAMA_MODES
+
+
+def baseline_of(mode: str) -> str:
+    """Each engine's modes are compared with its own target alone (the llama.cpp modes with ours on llama.cpp)."""
+    return "target@llamacpp" if mode in LLAMA_MODES else "target"
 
 
 @dataclass
@@ -42,6 +50,8 @@ class PromptRun:
     ngram_hits_proposed: int = 0
     ngram_hits_accepted: int = 0
     split: dict[str, float] = field(default_factory=dict)  # draft / verify / bridge / other seconds
+    steps: int = 0
+    plain_steps: int = 0  # steps the draft policy left to the target alone
 
     @property
     def tokens_per_s(self) -> float:
@@ -55,15 +65,17 @@ def interleave(num_prompts: int, modes: Sequence[str]) -> list[tuple[int, str]]:
 
 def summarize(runs: dict[str, list[PromptRun]], baseline: str | None = "target",
               compare: Collection[str] = GREEDY_MODES) -> dict[str, dict]:
-    """Per-mode table: tokens/s, per-prompt speedup vs ``baseline`` (median, mean), acceptance…
+    """Per-mode table: tokens/s, per-prompt speedup vs the baseline (median, mean), acceptance…
 
-    ``compare``: the modes whose outputs must equal the baseline's (the greedy, lossless ones);
-    they get ``identical_to_target``. ``baseline=None``: no ratios (runs that were not timed
-    against the target, such as the cache ablation's learning stream).
+    The baseline is ``baseline`` for torch-engine modes and ``target@llamacpp`` for the llama.cpp
+    modes. ``compare``: the modes whose outputs must equal the baseline's (the greedy, lossless
+    ones); they get ``identical_to_target``. ``baseline=None``: no ratios (runs that were not
+    timed against the target, such as the cache ablation's learning stream).
     """
-    base = runs.get(baseline) if baseline is not None else None
     out: dict[str, dict] = {}
     for mode, mode_runs in runs.items():
+        base_name = None if baseline is None else (baseline_of(mode) if mode in LLAMA_MODES else baseline)
+        base = runs.get(base_name) if base_name is not None else None
         tokens = sum(len(r.token_ids) for r in mode_runs)
         wall = sum(r.wall_s for r in mode_runs)
         forwards = sum(r.target_forwards for r in mode_runs)
@@ -83,6 +95,8 @@ def summarize(runs: dict[str, list[PromptRun]], baseline: str | None = "target",
             "ngram_hits_proposed": sum(r.ngram_hits_proposed for r in mode_runs),
             "ngram_hits_accepted": sum(r.ngram_hits_accepted for r in mode_runs),
             "time_split_s": split,
+            "drafted_steps": sum(r.steps - r.plain_steps for r in mode_runs),
+            "steps": sum(r.steps for r in mode_runs),
         }
         if mode in compare and base:
             row["identical_to_target"] = all(r.token_ids == b.token_ids for r, b in zip(mode_runs, base))
@@ -94,17 +108,28 @@ def summarize(runs: dict[str, list[PromptRun]], baseline: str | None = "target",
 ModeFn = Callable[[list[int]], PromptRun]
 
 
+def fresh(decoder: SpeculativeDecoder) -> None:
+    """Every run reads its prompt from scratch: modes share engines, and a KV cache still holding
+    the previous mode's prompt would make whichever mode runs second look faster."""
+    decoder.target.reset()
+    if decoder.drafter is not None:
+        decoder.drafter.reset()
+
+
 def our_mode(decoder: SpeculativeDecoder, config: DecodeConfig) -> ModeFn:
     """A mode of our engine: the decoder's own stats give the counters and the time split."""
 
     def run(prompt_ids: list[int]) -> PromptRun:
+        fresh(decoder)
         result = decoder.generate(prompt_ids, config)
         s = result.stats
         drafting = decoder.drafter is not None
         return PromptRun(result.token_ids, s.wall_s, s.target_forwards, s.drafted_tokens, s.proposed_tokens,
                          s.accepted_tokens, s.acceptance_rate if drafting else None, s.ngram_hits_proposed,
-                         s.ngram_hits_accepted, {"draft": s.draft_s, "verify": s.verify_s, "bridge": s.bridge_s, "other": s.other_s})
+                         s.ngram_hits_accepted, {"draft": s.draft_s, "verify": s.verify_s, "bridge": s.bridge_s, "other": s.other_s},
+                         s.steps, s.plain_steps if drafting else s.steps)
 
+    run.decoder = decoder  # what the draft policy measured and chose, for the report
     return run
 
 
@@ -153,11 +178,34 @@ def hf_mode(target_model, target_tok, max_new_tokens: int, assistant=None, assis
     return run
 
 
+def llama_native_mode(target, max_new_tokens: int) -> ModeFn:
+    """llama-cpp-python's own greedy loop (``Llama.generate``) on the GGUF our llama.cpp target runs:
+    the speed a CPU user already has without omnidraft."""
+    import llama_cpp
+
+    llm = llama_cpp.Llama(str(target.path), n_ctx=target.max_context, n_threads=target.n_threads,
+                          n_threads_batch=target.n_threads, verbose=False)
+
+    def run(prompt_ids: list[int]) -> PromptRun:
+        out: list[int] = []
+        start = time.perf_counter()
+        llm.reset()  # no prompt prefix kept from the previous run (see ``fresh``)
+        for token in llm.generate(prompt_ids, temp=0.0, top_k=1, repeat_penalty=1.0, reset=True):
+            out.append(int(token))
+            if token in target.eos_ids or len(out) == max_new_tokens:
+                break
+        wall = time.perf_counter() - start
+        return PromptRun(out, wall, len(out), split={"other": wall})
+
+    return run
+
+
 def build_modes(pipe, modes: Sequence[str], base: DecodeConfig, temperature: float,
-                ngrams_factory: Callable[[], NgramCache] = NgramTrie) -> dict[str, ModeFn]:
+                ngrams_factory: Callable[[], NgramCache] = NgramTrie, llama=None) -> dict[str, ModeFn]:
     """Mode name -> runner, all sharing the pipeline's target engine, drafter and weights.
 
-    ``base`` carries the shared knobs (max new tokens, draft length, confidence stop, seed).
+    ``base`` carries the shared knobs (max new tokens, draft length, draft policy, seed).
+    ``llama``: the same target on llama.cpp (a ``LlamaCppTarget``), for the ``@llamacpp`` modes.
     """
     target, drafter, bridge = pipe.decoder.target, pipe.decoder.drafter, pipe.decoder.bridge
     max_new_tokens = base.max_new_tokens
@@ -177,11 +225,32 @@ def build_modes(pipe, modes: Sequence[str], base: DecodeConfig, temperature: flo
         "omnidraft": lambda: spec(cfg(verify="omnidraft", temperature=temperature), ngrams_factory()),
         "hf-target": lambda: hf_mode(pipe.target_model, target.tokenizer, max_new_tokens),
         "hf-uag": lambda: hf_mode(pipe.target_model, target.tokenizer, max_new_tokens, pipe.drafter_model, bridge.drafter_tokenizer),
+        "llamacpp": lambda: llama_native_mode(llama, max_new_tokens),
+        "target@llamacpp": lambda: our_mode(SpeculativeDecoder(llama), cfg(verify="greedy")),
+        "greedy@llamacpp": lambda: our_mode(SpeculativeDecoder(llama, drafter, bridge, ngrams_factory()),
+                                            cfg(verify="greedy", translate="text")),
+        "greedy-k4@llamacpp": lambda: our_mode(SpeculativeDecoder(llama, drafter, bridge, ngrams_factory()),
+                                               cfg(verify="greedy", translate="text", draft_len=4, draft_stop="fixed")),
     }
+    if llama is None and any(m in LLAMA_MODES for m in modes):
+        raise ValueError("the @llamacpp modes need the target on llama.cpp")
     unknown = [m for m in modes if m not in table]
     if unknown:
         raise ValueError(f"unknown bench modes {unknown}; known: {', '.join(ALL_MODES)}")
     return {m: table[m]() for m in modes}
+
+
+def policy_report(mode_fns: dict[str, ModeFn]) -> dict[str, dict]:
+    """Per mode with the cost-aware draft policy: the verify costs and drafter cost it measured
+    (ms, after the run's online updates) and how often it chose each draft budget (0 = plain step)."""
+    out = {}
+    for mode, fn in mode_fns.items():
+        budget = getattr(getattr(fn, "decoder", None), "budget", None)
+        if budget is not None and budget.measured:
+            out[mode] = {"verify_ms_by_proposals": budget.cost_table_ms(),
+                         "draft_ms_per_token": round(budget.draft.seconds_per_token * 1000, 2),
+                         "budget_choices": dict(sorted(budget.choices.items()))}
+    return out
 
 
 def run_bench(mode_fns: dict[str, ModeFn], prompts: list[list[int]], warmup: list[int] | None = None,

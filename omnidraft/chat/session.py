@@ -270,7 +270,7 @@ class ChatSession:
     def banner(self) -> None:
         drafter = self.pipe.drafter_spec or "none"
         template = "chat template" if has_chat_template(self.pipe.target_tokenizer) else "plain User:/Assistant: transcript"
-        self.write(f"omnidraft chat · target {self.pipe.target_spec} · drafter {drafter} · {self.config.verify} · "
+        self.write(f"omnidraft chat · target {self.pipe.target_spec} on {getattr(self.pipe, 'engine', 'torch')} · drafter {drafter} · {self.config.verify} · "
                    f"{template} · context {self.context_window} tokens\n")
         self.write(f"{self.cache_description(brief=True)} · adapter: {self.adapter_description()}\n")
         self.write("Type /help for commands; Ctrl-C stops a reply; Ctrl-D or /quit leaves.\n")

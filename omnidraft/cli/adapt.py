@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
         raise OmnidraftError(f"--stream {args.stream} has no prompts at offset {args.offset}")
     _check_writable(args)  # before a minute of loading; OnlineLearning takes the lock for real
     pipe = load_pipeline(args.target, args.drafter, dtype=args.dtype, drafter_dtype=args.drafter_dtype,
-                         cache=cache_options(args), quiet=args.json, adapter=args.adapter)
+                         cache=cache_options(args), quiet=args.json, adapter=args.adapter, engine=args.engine)
     learner = OnlineLearning(pipe, tcfg, save_to=args.save_to, nice=0)
     rates: list[float] = []
     bar = tqdm(prompts, desc="adapt", unit="prompt", disable=args.json)

@@ -24,6 +24,7 @@ from omnidraft.cli.options import (
 from omnidraft.errors import OmnidraftError
 
 DEFAULT_MODES = "target,hf-target,hf-uag,greedy,greedy-ngram,greedy-nocache,tli,omnidraft"
+LLAMA_DEFAULT_MODES = "llamacpp,target@llamacpp,greedy@llamacpp,greedy-k4@llamacpp"
 WARMUP_TEXT = "Hello, world. Write one short sentence."
 # What the bench's modes pick themselves (each mode is a verification rule and a translation).
 MODE_FIELDS = ("verify", "translate", "temperature", "use_ngram")
@@ -41,7 +42,9 @@ def add_prompt_options(parser: argparse.ArgumentParser, n: int = 10) -> None:
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="benchmark our modes against the target alone and transformers' assisted generation")
     add_prompt_options(p)
-    p.add_argument("--modes", default=DEFAULT_MODES, help=f"comma-separated (default {DEFAULT_MODES})")
+    p.add_argument("--modes", default=None,
+                   help=f"comma-separated; default: {DEFAULT_MODES} on the torch engine, plus {LLAMA_DEFAULT_MODES} "
+                        "when the target also runs on llama.cpp (--engine auto|llamacpp)")
     p.add_argument("--sample-temperature", type=number(0, low_open=True), default=0.7,
                    help="temperature of the sampling modes (tli, omnidraft); the greedy modes run at 0 (default 0.7)")
     add_model_options(p)
@@ -54,10 +57,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def engines(args: argparse.Namespace) -> list[str]:
+    """The engines a bench compares: torch always (the memory-bound case and transformers' modes),
+    llama.cpp too for a GGUF target when it is installed (or asked for)."""
+    from omnidraft.runtime import resolve_engine
+
+    if args.engine == "torch":
+        return ["torch"]
+    return ["torch", "llamacpp"] if args.engine == "llamacpp" or resolve_engine(args.target, "auto") == "llamacpp" else ["torch"]
+
+
 def parse_modes(args: argparse.Namespace) -> list[str]:
     from omnidraft.bench.runner import ALL_MODES
 
-    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    default = DEFAULT_MODES + ("," + LLAMA_DEFAULT_MODES if "llamacpp" in engines(args) else "")
+    modes = [m.strip() for m in (args.modes or default).split(",") if m.strip()]
     unknown = [m for m in modes if m not in ALL_MODES]
     if unknown or not modes:
         raise OmnidraftError(f"unknown --modes {unknown or '(empty)'}; choose from {', '.join(ALL_MODES)}")
@@ -112,12 +126,29 @@ def load_for_bench(args: argparse.Namespace, adapter: str | None = None):
     from omnidraft.runtime import CacheOptions, load_pipeline
 
     return load_pipeline(args.target, args.drafter, dtype=args.dtype, drafter_dtype=args.drafter_dtype,
-                         cache=CacheOptions(enabled=False), adapter=adapter or args.adapter)
+                         cache=CacheOptions(enabled=False), adapter=adapter or args.adapter, engine="torch")
+
+
+def _llama_target(args: argparse.Namespace, pipe):
+    """The same target on llama.cpp, sharing the torch pipeline's tokenizer (so its bridge too)."""
+    from omnidraft import models
+    from omnidraft.target.llamacpp import LlamaCppTarget
+
+    gguf = models.gguf_of(args.target)
+    if gguf is None:
+        raise OmnidraftError(f"the @llamacpp modes need a GGUF target (builtin:NAME or a .gguf file), not {args.target}")
+    return LlamaCppTarget(gguf, pipe.target_tokenizer)
 
 
 def run(args: argparse.Namespace) -> int:
     from omnidraft.bench.report import markdown_table, write_results
-    from omnidraft.bench.runner import build_modes, run_bench, summarize
+    from omnidraft.bench.runner import (
+        LLAMA_MODES,
+        build_modes,
+        policy_report,
+        run_bench,
+        summarize,
+    )
     from omnidraft.data import load_prompts
     from omnidraft.runtime import encode_prompt
 
@@ -130,12 +161,15 @@ def run(args: argparse.Namespace) -> int:
     pipe = load_for_bench(args)
     prompts = [encode_prompt(pipe.target_tokenizer, r.text, chat=r.chat) for r in records]
     factory = _ngram_factory(args, pipe) if pipe.decoder.drafter is not None else None
-    fns = build_modes(pipe, modes, base, args.sample_temperature, **({"ngrams_factory": factory} if factory else {}))
+    llama = _llama_target(args, pipe) if any(m in LLAMA_MODES for m in modes) else None
+    fns = build_modes(pipe, modes, base, args.sample_temperature, llama=llama,
+                      **({"ngrams_factory": factory} if factory else {}))
     warm = encode_prompt(pipe.target_tokenizer, WARMUP_TEXT, chat=False)
     runs = run_bench(fns, prompts, warmup=warm[:16])
     summary = summarize(runs)
     meta = run_meta(args, len(prompts)) | {"ngram_cache": args.ngram_cache, "cache_size": args.cache_size,
-                                           "cache_policy": args.cache_policy or "lru", "freeze_cache": args.freeze_cache}
+                                           "cache_policy": args.cache_policy or "lru", "freeze_cache": args.freeze_cache,
+                                           "engines": engines(args), "policy": policy_report(fns)}
     files = write_results(args.out, meta, summary)
     sys.stdout.write(markdown_table(summary))
     print("wrote " + ", ".join(str(f) for f in files), file=sys.stderr)

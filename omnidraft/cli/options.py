@@ -18,6 +18,7 @@ from omnidraft.config import (
     DEFAULT_DRAFTER_DTYPE,
     DRAFT_STOPS,
     DRAFTER_DTYPES,
+    ENGINES,
     INT8_NO_ADAPTER,
     TRANSLATIONS,
     DecodeConfig,
@@ -108,7 +109,12 @@ def add_model_options(parser: argparse.ArgumentParser, *, target: bool = True, d
     if target:
         g.add_argument("--target", type=text, default=DEFAULT_TARGET,
                        help="target spec: builtin:NAME, a model folder, or a hub id")
-        g.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="target precision")
+        g.add_argument("--engine", choices=ENGINES, default="auto",
+                       help="what runs the target: llamacpp (GGUF models, the builtins; fast on CPU), torch (any "
+                            "transformers model; memory-bound, where drafting pays most); auto: llamacpp for GGUF "
+                            "targets when llama-cpp-python is installed")
+        g.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                       help="target precision on the torch engine (bfloat16 implies --engine torch under auto)")
     if drafter:
         g.add_argument("--drafter-dtype", choices=DRAFTER_DTYPES, default=DEFAULT_DRAFTER_DTYPE,
                        help="drafter precision (speed only: the target verifies every token; int8 takes no adapter)")

@@ -6,9 +6,10 @@ A :class:`DraftPolicy` bundles three small strategies, each behind its own inter
   verification, a sample from q (temperature, top-p, kept for the verifier) for rejection sampling;
 - a constraint (the translator's, ``omnidraft.vocab.translate``) says which drafter tokens the
   bridge can carry, as an additive logit bias;
-- a stop rule ends a draft early: never (fixed length), after a token the drafter itself doubts
-  (confidence), or once the acceptance head's P(some drafted token is rejected) exceeds γ
-  (OmniDraft §3.3, eq. (5)–(7)).
+- a stop rule ends a draft early: when one more token is no longer expected to raise tokens per
+  second (the default, cost-aware: ``budget.py``), never (fixed length), after a token the drafter
+  itself doubts (confidence), or once the acceptance head's P(some drafted token is rejected)
+  exceeds γ (OmniDraft §3.3, eq. (5)–(7)).
 
 A new rule is one class here, its name in ``config.DRAFT_STOPS`` and a branch in :func:`stop_rule`.
 """
@@ -22,6 +23,7 @@ import torch
 
 from omnidraft.adapter.head import AcceptHead, should_stop
 from omnidraft.config import DRAFT_STOPS
+from omnidraft.drafter.budget import CostAwareStop, DraftBudget
 from omnidraft.errors import OmnidraftError
 from omnidraft.verify.sampling import probs_from_logits
 
@@ -108,15 +110,21 @@ class DraftPolicy:
     stop: StopRule
 
 
-def stop_rule(name: str, head: AcceptHead | None, confidence: float, gamma: float) -> StopRule:
-    """The stop rule ``name`` names (``auto``: the adapter's head when it has one, else confidence)."""
+def stop_rule(name: str, head: AcceptHead | None, confidence: float, gamma: float,
+              budget: DraftBudget | None = None, k_max: int = 8) -> StopRule:
+    """The stop rule ``name`` names. ``auto``: the cost-aware policy (``budget.py``), with the
+    acceptance head's estimates when the adapter has a head; ``head``: eq. (7) with γ."""
+    if name == "auto":
+        if budget is None:
+            raise ValueError("the cost-aware draft policy needs a DraftBudget")
+        return CostAwareStop(budget, k_max, head)
     if name == "head" and head is None:
         raise OmnidraftError("--draft-stop head needs an adapter with an acceptance head (train one with "
                              "`omnidraft adapt`), or use --draft-stop auto")
-    if name == "head" or (name == "auto" and head is not None):
+    if name == "head":
         return HeadStop(head, gamma)
     if name == "fixed" or confidence <= 0:
         return FixedLength()
-    if name in ("auto", "confidence"):
+    if name == "confidence":
         return ConfidenceStop(confidence)
     raise OmnidraftError(f"unknown draft stop {name!r}; choose one of {', '.join(DRAFT_STOPS)}")

@@ -17,6 +17,18 @@ from omnidraft.vocab.bridge import VocabBridge
 LOOK_BEHIND = 3  # drafter tokens re-tokenized together with a new target token
 
 
+def drafted_inside(bridge: VocabBridge, drafted: Sequence[int], accepted: bytes) -> tuple[int, int]:
+    """(how many leading drafted tokens lie wholly inside ``accepted``, the bytes they cover)."""
+    used, kept = 0, 0
+    for tok in drafted:
+        data = bridge.drafter_bytes(tok)
+        if data is None or used + len(data) > len(accepted) or accepted[used:used + len(data)] != data:
+            break
+        used += len(data)
+        kept += 1
+    return kept, used
+
+
 class DrafterContext:
     """The drafter-token context ``ids`` that mirrors the target's emitted text byte for byte."""
 
@@ -43,13 +55,7 @@ class DrafterContext:
 
         Used after text-level translation, where target tokens do not map to drafted spans.
         """
-        used, kept = 0, 0
-        for tok in drafted:
-            data = self.bridge.drafter_bytes(tok)
-            if data is None or used + len(data) > len(accepted) or accepted[used:used + len(data)] != data:
-                break
-            used += len(data)
-            kept += 1
+        kept, used = drafted_inside(self.bridge, drafted, accepted)
         self.extend_accepted(drafted, kept)
         return accepted[used:]
 

@@ -25,7 +25,7 @@ import torch
 from omnidraft.drafter.base import Draft
 from omnidraft.ngram.trie import NgramCache, TrieNode
 from omnidraft.vocab.bridge import Translation, VocabBridge
-from omnidraft.vocab.reverse import DrafterContext
+from omnidraft.vocab.reverse import DrafterContext, drafted_inside
 
 
 class Translator(Protocol):
@@ -40,6 +40,9 @@ class Translator(Protocol):
 
     def ngram_hits(self, draft: Draft, tr: Translation, proposed: int, accepted: int) -> tuple[int, int]:
         """(proposals that came from the n-gram cache, of which accepted), noted in the cache."""
+
+    def drafted_kept(self, draft: Draft, tr: Translation, accepted: int, proposed: list[int]) -> int:
+        """How many drafted tokens the ``accepted`` first proposals cover (what the draft policy learns from)."""
 
 
 # ---------------------------------------------------------------- text
@@ -92,6 +95,10 @@ class TextTranslator:
 
     def ngram_hits(self, draft: Draft, tr: Translation, proposed: int, accepted: int) -> tuple[int, int]:
         return 0, 0
+
+    def drafted_kept(self, draft: Draft, tr: Translation, accepted: int, proposed: list[int]) -> int:
+        text = b"".join(self.bridge.target_bytes(t) or b"" for t in proposed[:accepted])
+        return drafted_inside(self.bridge, draft.tokens, text)[0]
 
 
 # ---------------------------------------------------------------- tokens (eq. (1)/(2))
@@ -175,6 +182,9 @@ class TokenTranslator:
         ctx.extend_accepted(draft.tokens, tr.spans[kept - 1][1] if kept else 0)
         for tok in emitted[kept:]:
             ctx.append_target(tok, self.learn)
+
+    def drafted_kept(self, draft: Draft, tr: Translation, accepted: int, proposed: list[int]) -> int:
+        return tr.spans[accepted - 1][1] if accepted else 0
 
     def ngram_hits(self, draft: Draft, tr: Translation, proposed: int, accepted: int) -> tuple[int, int]:
         hits = hits_accepted = 0

@@ -1,0 +1,372 @@
+"""How many tokens to draft: a cost model that speculates only when tokens/second go up.
+
+One speculative step drafts k tokens (k drafter forwards) and verifies them in one target eval of
+k + 1 new tokens. With conditional acceptance probabilities a_1..a_k (a_i = P(the i-th proposal
+is accepted | proposals 1..i-1 were)), the expected number of tokens the step emits is::
+
+    E(k) = 1 + sum_{i=1..k} prod_{j<=i} a_j        (the "+1" is the target's own token)
+
+and its expected time is::
+
+    T(k) = k*d + V(k)
+
+where d is the drafter's seconds per drafted token and V(k) the measured seconds of a target eval
+with k proposals (V(0) is a plain decoding step). Plain decoding (k = 0) gives E(0)/T(0) = 1/V(0)
+tokens/s; speculation pays only when some k > 0 has E(k)/T(k) > 1/V(0).
+
+Why V(k) must be measured, not assumed: on a memory-bound torch fp32 target an eval of a few
+tokens costs about one step (V(k) ~ V(0): long drafts pay), while llama.cpp's compute-bound CPU
+kernels cost ~k/1.6 steps (Qwen-0.5B: 1/2/4/8 new tokens = 20/37/51/87 ms) and torch's cost is
+not even monotone in k. :class:`VerifyCosts` keeps a measured table, interpolates the rest and
+follows the real verify times the loop observes; :class:`DraftCost` and
+:class:`AcceptanceStats` track d and a_i online; :func:`best_draft_length` (all at once) and
+:func:`should_continue` / :class:`SequentialDraft` (token by token) decide.
+
+Pure Python (no torch): usable from the loop, the CLI and the benchmarks alike.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+
+CostFn = Callable[[int], float] | Mapping[int, float]
+Acceptance = float | Sequence[float]
+
+
+def _check_alpha(alpha: float) -> float:
+    if not 0.0 < alpha <= 1.0:
+        raise ValueError(f"EMA weight must be in (0, 1], got {alpha}")
+    return float(alpha)
+
+
+def _usable(seconds: float) -> bool:
+    return isinstance(seconds, (int, float)) and math.isfinite(seconds) and seconds > 0
+
+
+# --------------------------------------------------------------------------------------- costs
+
+
+class VerifyCosts:
+    """V(k): seconds of one target eval with k proposals (k + 1 new tokens; k = 0 is a plain step).
+
+    Built from a measured table ``{k: seconds}``. Unmeasured k are interpolated linearly between
+    the nearest known neighbours; beyond the largest known k the last segment's slope continues
+    (never below zero), below the smallest the cost scales with the number of new tokens. A
+    single known point extrapolates proportionally to new tokens (the compute-bound assumption,
+    pessimistic for memory-bound targets until real observations come in).
+
+    ``observe(k, seconds)`` folds a verify time the loop measured into the table with an
+    exponential moving average: ``V(k) <- (1 - alpha) * V(k) + alpha * seconds``. The first
+    observation of an unmeasured k starts from the interpolated value with weight
+    ``max(alpha, first_weight)`` so a real measurement quickly replaces a guess.
+    """
+
+    def __init__(self, table: Mapping[int, float], *, alpha: float = 0.1, first_weight: float = 0.5) -> None:
+        clean = {int(k): float(v) for k, v in table.items() if int(k) >= 0 and _usable(v)}
+        if not clean:
+            raise ValueError("VerifyCosts needs at least one measured (k >= 0, seconds > 0) entry")
+        self.alpha = _check_alpha(alpha)
+        self.first_weight = _check_alpha(first_weight)
+        self._table: dict[int, float] = clean
+        self._keys: list[int] = sorted(clean)
+        self.observations: dict[int, int] = {}
+
+    @classmethod
+    def from_eval_ms(cls, eval_ms: Mapping[int, float], **kwargs) -> VerifyCosts:
+        """From a table of *new tokens -> milliseconds* (what ``LlamaCppTarget.measure_costs``
+        returns): an eval of n new tokens verifies k = n - 1 proposals."""
+        return cls({int(n) - 1: ms / 1000.0 for n, ms in eval_ms.items() if int(n) >= 1}, **kwargs)
+
+    @classmethod
+    def flat(cls, step_seconds: float, **kwargs) -> VerifyCosts:
+        """A memory-bound target: every few-token verify costs one step (until observed otherwise)."""
+        return cls({0: step_seconds, 1: step_seconds}, **kwargs)
+
+    @property
+    def table(self) -> dict[int, float]:
+        """The known points (measured and observed), k -> seconds."""
+        return dict(sorted(self._table.items()))
+
+    def __call__(self, k: int) -> float:
+        if k < 0:
+            raise ValueError(f"number of proposals must be >= 0, got {k}")
+        table, keys = self._table, self._keys
+        if k in table:
+            return table[k]
+        pos = bisect.bisect_left(keys, k)
+        if pos == 0:  # below the smallest known k: proportional to new tokens
+            k0 = keys[0]
+            return table[k0] * (k + 1) / (k0 + 1)
+        if pos == len(keys):  # beyond the largest known k
+            hi = keys[-1]
+            if len(keys) == 1:
+                return table[hi] * (k + 1) / (hi + 1)
+            lo = keys[-2]
+            slope = max(0.0, (table[hi] - table[lo]) / (hi - lo))
+            return table[hi] + slope * (k - hi)
+        lo, hi = keys[pos - 1], keys[pos]
+        w = (k - lo) / (hi - lo)
+        return table[lo] * (1 - w) + table[hi] * w
+
+    def observe(self, k: int, seconds: float) -> None:
+        """Fold one observed verify time (k proposals, seconds) into the table (EMA)."""
+        if k < 0 or not _usable(seconds):
+            return
+        if k in self._table:
+            prior, weight = self._table[k], self.alpha
+        else:
+            prior, weight = self(k), max(self.alpha, self.first_weight)
+            bisect.insort(self._keys, k)
+        self._table[k] = prior + weight * (seconds - prior)
+        self.observations[k] = self.observations.get(k, 0) + 1
+
+
+class DraftCost:
+    """d: the drafter's seconds per drafted token, an exponential moving average of observations.
+
+    ``observe(tokens, seconds)`` takes one drafting round (``tokens`` drafted in ``seconds``);
+    ``d <- (1 - alpha) * d + alpha * seconds / tokens``. Before the first observation ``d`` is
+    ``initial`` (None: the first observation is taken as is).
+    """
+
+    def __init__(self, initial: float | None = None, *, alpha: float = 0.1) -> None:
+        self.alpha = _check_alpha(alpha)
+        self._d = float(initial) if initial is not None and _usable(initial) else None
+        self.observations = 0
+
+    @property
+    def seconds_per_token(self) -> float:
+        return self._d if self._d is not None else 0.0
+
+    @property
+    def known(self) -> bool:
+        return self._d is not None
+
+    def __float__(self) -> float:
+        return self.seconds_per_token
+
+    def observe(self, tokens: int, seconds: float) -> None:
+        if tokens <= 0 or not _usable(seconds):
+            return
+        per = seconds / tokens
+        self._d = per if self._d is None else self._d + self.alpha * (per - self._d)
+        self.observations += 1
+
+
+# --------------------------------------------------------------------------------- acceptance
+
+
+class AcceptanceStats:
+    """Per draft position i = 1..K: how often the i-th proposal was accepted *given that the
+    previous ones were* (the conditional rate a_i), with a Beta prior.
+
+    ``a_i = (accepted_i + prior_mean * prior_strength) / (tried_i + prior_strength)``, the
+    posterior mean under Beta(prior_mean * s, (1 - prior_mean) * s). After a step that proposed
+    p tokens and accepted n of them (the first n), positions 1..n were tried and accepted and
+    position n + 1 (if n < p) was tried and rejected; later positions were never reached and are
+    not counted. ``decay`` < 1 forgets old steps geometrically (every update multiplies all counts
+    by it) so the estimate follows a change of prompt or domain. Positions beyond K share a_K.
+    """
+
+    def __init__(self, max_positions: int = 16, *, prior_mean: float = 0.5, prior_strength: float = 2.0,
+                 decay: float = 1.0) -> None:
+        if max_positions < 1:
+            raise ValueError("max_positions must be >= 1")
+        if not 0.0 < prior_mean < 1.0 or prior_strength <= 0:
+            raise ValueError("prior_mean must be in (0, 1) and prior_strength > 0")
+        if not 0.0 < decay <= 1.0:
+            raise ValueError("decay must be in (0, 1]")
+        self.max_positions = max_positions
+        self.prior_mean = float(prior_mean)
+        self.prior_strength = float(prior_strength)
+        self.decay = float(decay)
+        self.tried = [0.0] * max_positions
+        self.accepted = [0.0] * max_positions
+        self.steps = 0
+
+    def update(self, proposed: int, accepted: int) -> None:
+        """Record one verify step: ``proposed`` tokens drafted, the first ``accepted`` kept."""
+        if proposed <= 0:
+            return
+        if not 0 <= accepted <= proposed:
+            raise ValueError(f"accepted must be in [0, {proposed}], got {accepted}")
+        if self.decay < 1.0:
+            self.tried = [t * self.decay for t in self.tried]
+            self.accepted = [a * self.decay for a in self.accepted]
+        last = self.max_positions - 1  # positions past K fold into the last one
+        for i in range(accepted):
+            j = min(i, last)
+            self.tried[j] += 1
+            self.accepted[j] += 1
+        if accepted < proposed:  # position accepted + 1 was tried and rejected
+            self.tried[min(accepted, last)] += 1
+        self.steps += 1
+
+    def rate(self, i: int) -> float:
+        """a_i for the 1-based position i."""
+        if i < 1:
+            raise ValueError("positions are 1-based")
+        j = min(i, self.max_positions) - 1
+        s = self.prior_strength
+        return (self.accepted[j] + self.prior_mean * s) / (self.tried[j] + s)
+
+    def rates(self, k: int | None = None) -> list[float]:
+        """[a_1, ..., a_k] (k defaults to K)."""
+        return [self.rate(i) for i in range(1, (self.max_positions if k is None else k) + 1)]
+
+    def expected_tokens(self, k: int) -> float:
+        return expected_tokens(self.rates(k), k)
+
+
+# ----------------------------------------------------------------------------------- decisions
+
+
+def _rates(a: Acceptance, k: int) -> list[float]:
+    """The first k conditional acceptance rates; a float is constant, a short list repeats its last."""
+    if isinstance(a, (int, float)):
+        vals = [float(a)] * k
+    else:
+        vals = [float(x) for x in list(a)[:k]]
+        if len(vals) < k:
+            if not vals:
+                raise ValueError("empty acceptance sequence")
+            vals += [vals[-1]] * (k - len(vals))
+    for x in vals:
+        if not 0.0 <= x <= 1.0 or math.isnan(x):
+            raise ValueError(f"acceptance probabilities must lie in [0, 1], got {x}")
+    return vals
+
+
+def _cost(V: CostFn) -> Callable[[int], float]:
+    if isinstance(V, Mapping):
+        return VerifyCosts(V)
+    return V
+
+
+def expected_tokens(a: Acceptance, k: int) -> float:
+    """E(k) = 1 + sum_{i=1..k} prod_{j<=i} a_j."""
+    total, p = 1.0, 1.0
+    for x in _rates(a, k):
+        p *= x
+        total += p
+    return total
+
+
+def expected_rates(a: Acceptance, d: float, V: CostFn, k_max: int, *, step_overhead: float = 0.0) -> list[float]:
+    """[E(k) / T(k) for k = 0..k_max] in tokens/second, T(k) = k*d + V(k) (+ step_overhead for k > 0:
+    the per-step cost of speculating that plain decoding does not pay, e.g. vocabulary bridging)."""
+    d = float(d)  # a DraftCost works too
+    if k_max < 0:
+        raise ValueError("k_max must be >= 0")
+    if d < 0 or step_overhead < 0:
+        raise ValueError("costs must be >= 0")
+    cost = _cost(V)
+    rates = _rates(a, k_max)
+    out, e, p = [], 1.0, 1.0
+    for k in range(k_max + 1):
+        if k:
+            p *= rates[k - 1]
+            e += p
+        t = k * d + cost(k) + (step_overhead if k else 0.0)
+        if t <= 0:
+            raise ValueError(f"T({k}) must be > 0, got {t}")
+        out.append(e / t)
+    return out
+
+
+def best_draft_length(a: Acceptance, d: float, V: CostFn, k_max: int, *, step_overhead: float = 0.0,
+                      min_gain: float = 0.0) -> int:
+    """The k in 0..k_max maximising E(k)/T(k) (expected tokens per second).
+
+    ``a``: the conditional acceptance probabilities a_1..a_k_max (a float for a constant rate; a
+    shorter list repeats its last value), e.g. ``AcceptanceStats.rates()``. ``d``: drafter
+    seconds per token. ``V``: verify cost, k proposals -> seconds (a :class:`VerifyCosts`, any
+    callable, or a mapping that is then interpolated).
+
+    Returns 0 (plain decoding) unless some k > 0 beats E(0)/T(0) = 1/V(0) by more than the
+    relative margin ``min_gain`` (a hysteresis against timing noise); ties go to the smaller k.
+    """
+    r = expected_rates(a, d, V, k_max, step_overhead=step_overhead)
+    best = 0
+    for k in range(1, k_max + 1):
+        if r[k] > r[best]:
+            best = k
+    return best if best and r[best] > r[0] * (1.0 + min_gain) else 0
+
+
+def should_continue(i: int, p_cum: float, a_next: float, d: float, V: CostFn, *,
+                    expected_so_far: float | None = None, a_later: Sequence[float] | None = None,
+                    k_max: int = 16, step_overhead: float = 0.0, min_gain: float = 0.0) -> bool:
+    """Token-by-token drafting: having drafted i tokens, is drafting more expected to raise tokens/s?
+
+    ``p_cum`` = P(all i drafted tokens are accepted) = prod_{j<=i} a_j (from the acceptance
+    statistics, the drafter's confidence or an acceptance head); ``expected_so_far`` = E(i) =
+    1 + sum_{t<=i} prod_{j<=t} a_j, what stopping now is expected to emit (tracked by
+    :class:`SequentialDraft`; when omitted, the lower bound 1 + i*p_cum is used, which can only
+    make continuing look better than it is). ``a_next`` = a_{i+1}; ``a_later`` = a_{i+2}, ...
+    (default: a_next repeated).
+
+    Stopping now yields rate E(i)/T(i). Continuing to any k in i+1..k_max yields
+    E(k)/T(k) with E(k) = E(i) + p_cum * sum_{t=i+1..k} prod_{j=i+1..t} a_j. Continue iff the best
+    such k beats stopping (by the factor 1 + min_gain when i = 0, the speculate-at-all margin of
+    :func:`best_draft_length`). The look-ahead matters because V(k) is not convex nor even
+    monotone: one more token can cost more than two.
+
+    Consistency with :func:`best_draft_length`: fed the same a_j (p_cum and expected_so_far
+    computed from them), continuing while this returns True stops at exactly
+    ``best_draft_length(a, d, V, k_max)``, because that is the smallest maximiser of E/T: every
+    i below it sees it as a strictly better continuation, and at it no larger k is strictly better.
+    """
+    if i < 0:
+        raise ValueError("i must be >= 0")
+    if i >= k_max:
+        return False
+    d = float(d)  # a DraftCost works too
+    cost = _cost(V)
+    e_now = expected_so_far if expected_so_far is not None else 1.0 + i * p_cum
+    t_now = i * d + cost(i) + (step_overhead if i else 0.0)
+    stop_rate = e_now / t_now
+    if i == 0:
+        stop_rate *= 1.0 + min_gain
+    future = [a_next] + list(a_later or [])
+    rates = _rates(future, k_max - i)
+    e, p = e_now, p_cum
+    for n, x in enumerate(rates, start=1):
+        p *= x
+        e += p
+        k = i + n
+        if e / (k * d + cost(k) + step_overhead) > stop_rate:
+            return True
+    return False
+
+
+class SequentialDraft:
+    """Book-keeping for :func:`should_continue` over one drafting round.
+
+    >>> plan = SequentialDraft(d=0.004, V=costs, k_max=8)
+    >>> while plan.should_continue(a_next=stats.rate(plan.i + 1)):
+    ...     token, confidence = drafter.next()
+    ...     plan.push(stats.rate(plan.i + 1))   # or the drafter's confidence for this token
+
+    ``push(a)`` records the conditional acceptance probability of the token just drafted, so
+    ``p_cum`` and ``expected`` (= E(i)) stay exact.
+    """
+
+    def __init__(self, d: float, V: CostFn, k_max: int, *, step_overhead: float = 0.0, min_gain: float = 0.0) -> None:
+        self.d, self.V, self.k_max = float(d), _cost(V), int(k_max)
+        self.step_overhead, self.min_gain = step_overhead, min_gain
+        self.i, self.p_cum, self.expected = 0, 1.0, 1.0
+
+    def push(self, a: float) -> None:
+        if not 0.0 <= a <= 1.0:
+            raise ValueError(f"acceptance probability must lie in [0, 1], got {a}")
+        self.i += 1
+        self.p_cum *= a
+        self.expected += self.p_cum
+
+    def should_continue(self, a_next: float, a_later: Iterable[float] | None = None) -> bool:
+        return should_continue(self.i, self.p_cum, a_next, self.d, self.V, expected_so_far=self.expected,
+                               a_later=None if a_later is None else list(a_later), k_max=self.k_max,
+                               step_overhead=self.step_overhead, min_gain=self.min_gain)

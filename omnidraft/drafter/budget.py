@@ -1,0 +1,158 @@
+"""The cost-aware draft policy: draft only as long as it is expected to raise tokens per second.
+
+Speculation pays when the target verifies k tokens for about the price of one (a memory-bound
+fp32/bf16 target, a GPU, a network round trip) and loses on a compute-bound CPU engine such as
+llama.cpp, where an eval of k tokens costs ~k/1.6 steps. :class:`DraftBudget` keeps the numbers
+that decide it, measured at the first request and then followed online (``omnidraft.costs``):
+
+- V(m): the target's seconds for a verify with m proposals (V(0) is a plain step);
+- d: the drafter's seconds per drafted token;
+- a_i: how often the i-th drafted token survives verification given the ones before it did
+  (per-position counts), and a calibration of the drafter's own confidence q(token) into such a
+  probability (counted per confidence bin), or the acceptance head's estimate when the adapter
+  has one (OmniDraft §3.3).
+
+Each step: if no draft length k > 0 is expected to beat a plain step (E(k)/T(k) > 1/V(0), see
+``costs.best_draft_length``), the step is a plain target step — never drafting at a loss. Else
+the drafter drafts token by token, and after each token the policy asks ``costs.should_continue``
+with that token's own acceptance estimate. A step that skipped drafting occasionally drafts
+anyway (when drafting could pay at all), so the statistics follow a drafter or text that changes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import torch
+
+from omnidraft.adapter.head import AcceptHead
+from omnidraft.costs import (
+    AcceptanceStats,
+    DraftCost,
+    SequentialDraft,
+    VerifyCosts,
+    best_draft_length,
+)
+
+MEASURE_KS = (0, 1, 2, 3, 4, 6, 8)  # proposals per measured verify (k + 1 new tokens)
+MEASURE_CONTEXT = 128  # context tokens behind the measured evals
+EXPLORE_EVERY = 16  # a skipped step drafts anyway this often, when drafting could pay at all
+OPTIMISTIC_ACCEPTANCE = 0.9  # "could pay at all": the best case a real drafter reaches
+
+
+class ConfidenceCalibration:
+    """P(a drafted token is accepted | the drafter's probability q of it), counted in bins of q.
+
+    Each bin starts as a Beta prior centred on q itself (a drafter that is calibrated needs no
+    correction) and follows the verified outcomes of its tokens.
+    """
+
+    def __init__(self, bins: int = 10, prior_strength: float = 4.0) -> None:
+        self.bins = bins
+        self.accepted = [(b + 0.5) / bins * prior_strength for b in range(bins)]
+        self.tried = [prior_strength] * bins
+
+    def _bin(self, q: float) -> int:
+        return min(int(q * self.bins), self.bins - 1)
+
+    def __call__(self, q: float) -> float:
+        b = self._bin(q)
+        return self.accepted[b] / self.tried[b]
+
+    def update(self, q: float, accepted: bool) -> None:
+        b = self._bin(q)
+        self.tried[b] += 1
+        self.accepted[b] += float(accepted)
+
+
+class DraftBudget:
+    """The measured costs and acceptance statistics of one drafter–target pair on this machine."""
+
+    def __init__(self, k_max: int = 16) -> None:
+        self.verify: VerifyCosts | None = None
+        self.draft = DraftCost(alpha=0.1)
+        self.stats = AcceptanceStats(k_max, prior_mean=0.6, decay=0.995)
+        self.calibration = ConfidenceCalibration()
+        self.skipped = 0
+        self.choices: dict[int, int] = {}  # draft budget chosen -> steps (what the policy did)
+
+    @property
+    def measured(self) -> bool:
+        return self.verify is not None
+
+    # ---- start-up measurement
+
+    @torch.inference_mode()
+    def measure(self, target, drafter, prompt_ids: Sequence[int], drafter_ids: Sequence[int]) -> None:
+        """V(k) for k in MEASURE_KS and d, timed on this prompt (its KV entries are then reused)."""
+        ctx = list(prompt_ids[:MEASURE_CONTEXT])
+        filler = (list(prompt_ids) * (max(MEASURE_KS) // max(len(prompt_ids), 1) + 2))[: max(MEASURE_KS) + 1]
+        target.score(ctx, 0)  # prefill
+        table: dict[int, list[float]] = {k: [] for k in MEASURE_KS}
+        for _ in range(2):
+            for k in MEASURE_KS:
+                t0 = time.perf_counter()
+                target.score(ctx + filler[: k + 1], k)
+                table[k].append(time.perf_counter() - t0)
+        self.verify = VerifyCosts({k: min(v) for k, v in table.items()})
+        d_ctx = list(drafter_ids[:MEASURE_CONTEXT]) or [0]
+        drafter.lm.logits_for(d_ctx)
+        token = d_ctx[-1]
+        t0 = time.perf_counter()
+        for _ in range(4):
+            drafter.lm.step(token)
+        self.draft = DraftCost((time.perf_counter() - t0) / 4, alpha=0.1)
+        drafter.lm.logits_for(d_ctx)  # leave the drafter's cache on real text
+
+    def cost_table_ms(self) -> dict[int, float]:
+        return {k: round(v * 1000, 2) for k, v in (self.verify.table.items() if self.verify else [])}
+
+    # ---- the decisions
+
+    def plan(self, k_max: int) -> int:
+        """How many tokens this step may draft at most; 0 = a plain target step."""
+        d = self.draft.seconds_per_token
+        k = best_draft_length(self.stats.rates(k_max), d, self.verify, k_max)
+        if k == 0:
+            self.skipped += 1
+            if self.skipped % EXPLORE_EVERY == 0 and best_draft_length(OPTIMISTIC_ACCEPTANCE, d, self.verify, k_max):
+                k = k_max  # explore: the statistics must see drafts to notice that they could pay
+        self.choices[k] = self.choices.get(k, 0) + 1
+        return k and k_max
+
+    def sequence(self, k_max: int) -> SequentialDraft:
+        return SequentialDraft(self.draft.seconds_per_token, self.verify, k_max)
+
+    # ---- what the loop observed
+
+    def observe_plain(self, seconds: float) -> None:
+        self.verify.observe(0, seconds)
+
+    def observe_step(self, drafted: int, draft_s: float, proposed: int, verify_s: float, kept: int,
+                     token_probs: Sequence[float]) -> None:
+        """One speculative step: ``kept`` of the ``drafted`` tokens survived verification."""
+        self.draft.observe(drafted, draft_s)
+        self.verify.observe(proposed, verify_s)
+        self.stats.update(drafted, kept)
+        for i, q in enumerate(token_probs[: kept + 1]):  # conditional on the ones before being kept
+            self.calibration.update(q, i < kept)
+
+
+class CostAwareStop:
+    """Stop rule of the cost-aware policy: continue while one more token is expected to pay."""
+
+    def __init__(self, budget: DraftBudget, k_max: int, head: AcceptHead | None = None) -> None:
+        self.budget, self.k_max, self.head = budget, k_max, head
+        self.probs: list[float] = []  # q(token) of each drafted token, for the calibration
+
+    def start(self) -> None:
+        self.probs = []
+        self._seq = self.budget.sequence(self.k_max)
+
+    def stop_after(self, token, masked, q, hidden, logits) -> bool:
+        prob = float(q[token]) if q is not None else float(torch.softmax(masked, -1)[token])
+        self.probs.append(prob)
+        estimate = self.head.accept_prob(hidden, logits) if self.head is not None else self.budget.calibration(prob)
+        self._seq.push(min(max(estimate, 0.0), 1.0))
+        return not self._seq.should_continue(a_next=self.budget.stats.rate(self._seq.i + 1))

@@ -1,0 +1,445 @@
+"""A GGUF model on llama.cpp (through llama-cpp-python, in-process) as the target.
+
+Only llama-cpp-python's low-level C API is used: one model, one context, one reusable
+``llama_batch``. Each :meth:`LlamaCppTarget.score` call rolls the KV cache back to the common prefix
+of what it holds and the new ids (``llama_memory_seq_rm``), then evaluates the rest in one
+``llama_decode`` (a long prompt in chunks of ``n_batch``), flagging logits only for the last m + 1
+positions. The rows are copied once, straight from llama.cpp's output buffer into a torch tensor.
+``Llama(logits_all=True)`` is avoided on purpose: it keeps an n_ctx x n_vocab float32 buffer
+(2.5 GB for Qwen's vocabulary at n_ctx = 4096).
+
+Defaults for a small CPU machine: ``n_threads`` = physical cores of this process's CPUs, at most 4
+(llama.cpp's kernels are compute-bound; hyper-threads and more threads than cores only add
+contention); ``n_ctx`` = 4096 capped by the model's training context (the KV cache then costs
+12-28 MB per 1k positions for the builtin models, and every builtin was trained on 32k).
+``swa_full`` stays on so that Gemma-3's sliding-window layers keep every position and a rollback
+is exact beyond the window.
+
+Batch invariance: the default llama-cpp-python build picks CPU kernels by batch size, so the m + 1
+rows of one verify eval differ slightly from m + 1 one-token evals (max |diff| ~0.5 logit on
+Qwen-0.5B, ~1.4 on Gemma-270M; an argmax flips where the top two are nearly tied), and speculative
+greedy output can then drift from plain greedy output. A build without llamafile
+(:data:`INVARIANT_BUILD`) serves bit-identical rows; see :meth:`LlamaCppTarget._invariance`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import statistics
+import time
+import weakref
+from collections import deque
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from omnidraft.errors import OmnidraftError
+from omnidraft.kv import common_prefix_len
+
+PIP_INSTALL = "pip install llama-cpp-python==0.3.36"
+DEFAULT_N_CTX = 4096
+DEFAULT_N_BATCH = 512
+MAX_DEFAULT_THREADS = 4
+
+INVARIANT_BUILD = 'CMAKE_ARGS="-DGGML_LLAMAFILE=OFF" pip install --force-reinstall --no-cache-dir llama-cpp-python==0.3.36'
+
+_LOG: deque[tuple[int, str]] = deque(maxlen=64)  # llama.cpp's recent log lines, never printed
+_LOG_CALLBACK = None  # the ctypes callback must outlive every call into llama.cpp
+_BACKEND_READY = False
+_HAS_LLAMAFILE: bool | None = None
+
+
+def _llama_cpp():
+    """Import llama_cpp, silence its logging and initialise the backend once."""
+    global _LOG_CALLBACK, _BACKEND_READY
+    try:
+        import llama_cpp
+    except ImportError:
+        raise OmnidraftError(f"the llama.cpp backend needs llama-cpp-python; run: {PIP_INSTALL}") from None
+    except OSError as exc:  # the shared library is there but cannot be loaded (wrong CPU, missing libgomp)
+        raise OmnidraftError(f"llama-cpp-python is installed but its library does not load ({exc}); "
+                             f"rebuild it on this machine: pip install --force-reinstall --no-cache-dir "
+                             f"llama-cpp-python==0.3.36") from None
+    if _LOG_CALLBACK is None:
+        @llama_cpp.llama_log_callback
+        def _keep_log(level: int, text: bytes, user_data) -> None:  # must never raise into C
+            _LOG.append((int(level), (text or b"").decode("utf-8", "replace")))
+
+        _LOG_CALLBACK = _keep_log
+    llama_cpp.llama_log_set(_LOG_CALLBACK, ctypes.c_void_p(0))  # re-set: importing llama_cpp installs a printer
+    if not _BACKEND_READY:
+        global _HAS_LLAMAFILE
+        info = llama_cpp.llama_print_system_info().decode("utf-8", "replace")
+        _HAS_LLAMAFILE = "LLAMAFILE = 1" in info
+        if not _HAS_LLAMAFILE:
+            # a llamafile-free build serves batch-invariant targets: ggml's tiled matmul (batches of 8+)
+            # must be off too, and ggml reads this switch once, at the process's first matmul
+            os.environ.setdefault("GGML_CPU_TILED_MM", "0")
+        llama_cpp.llama_backend_init()
+        _BACKEND_READY = True
+    return llama_cpp
+
+
+GGML_LOG_LEVEL_ERROR = 4  # ggml.h of the llama.cpp inside llama-cpp-python 0.3.36 (NONE, DEBUG, INFO, WARN, ERROR, CONT)
+
+
+def _last_error() -> str:
+    """What llama.cpp last logged as an error, as one short line ("error loading model: X" -> X)."""
+    errors = [text.strip() for level, text in _LOG if level == GGML_LOG_LEVEL_ERROR and text.strip()]
+    for line in errors:
+        if "error loading model:" in line:
+            return line.split("error loading model:", 1)[1].strip().splitlines()[0][:200]
+    return errors[-1].splitlines()[-1][:200] if errors else ""
+
+
+def physical_cores() -> int:
+    """Physical cores among the CPUs this process may run on (hyper-threads counted once)."""
+    try:
+        cpus = sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+    cores = set()
+    for cpu in cpus:
+        base = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology")
+        try:
+            cores.add((base.joinpath("physical_package_id").read_text().strip(), base.joinpath("core_id").read_text().strip()))
+        except OSError:
+            cores.add(("cpu", str(cpu)))
+    return max(1, len(cores))
+
+
+def default_threads() -> int:
+    return max(1, min(MAX_DEFAULT_THREADS, physical_cores()))
+
+
+def check_gguf_file(path: Path) -> None:
+    if not path.exists():
+        raise OmnidraftError(f"no GGUF file at {path}; give the path of a .gguf model file")
+    if not path.is_file():
+        raise OmnidraftError(f"{path} is not a file; give the path of a .gguf model file")
+    try:
+        with open(path, "rb") as fh:
+            magic = fh.read(4)
+    except OSError as exc:
+        raise OmnidraftError(f"cannot read {path} ({exc.strerror}); check its permissions") from None
+    if magic != b"GGUF":
+        raise OmnidraftError(f"{path} is not a GGUF file (it starts with {magic!r}); give a .gguf model file")
+
+
+def _free(llama_cpp, handles: dict) -> None:
+    """Release the batch, context and model (weakref finalizer: must not reference the target)."""
+    if handles.get("batch") is not None:
+        llama_cpp.llama_batch_free(handles.pop("batch"))
+    if handles.get("ctx") is not None:
+        llama_cpp.llama_free(handles.pop("ctx"))
+    if handles.get("model") is not None:
+        llama_cpp.llama_model_free(handles.pop("model"))
+
+
+class LlamaCppTarget:
+    """:class:`~omnidraft.target.base.Target` over a GGUF file run by llama.cpp on this machine.
+
+    ``LlamaCppTarget(gguf_path, tokenizer, *, n_ctx=None, n_threads=None, eos_ids=None)``
+
+    - ``tokenizer``: the target's transformers tokenizer (text and the vocabulary bridge; llama.cpp's
+      own tokenizer is not used, ids are passed through).
+    - ``n_ctx``: positions the KV cache holds (default min(4096, the model's training context));
+      ``max_context`` reports it.
+    - ``n_threads``: default :func:`default_threads` (physical cores, at most 4).
+    - ``eos_ids``: ids that end generation; default the tokenizer's generation config / eos token.
+      llama.cpp's eos and eot tokens are always added.
+    - ``n_batch``: tokens per ``llama_decode`` when reading a long prompt (512).
+    - ``flash_attn``: llama.cpp's flash attention (off, as in ``Llama``'s default).
+    - ``batch_invariant``: verify rows bit-identical to one-token rows (see :meth:`_invariance`);
+      default: whenever the installed build allows it.
+    """
+
+    def __init__(self, gguf_path: str | os.PathLike, tokenizer: Any, *, n_ctx: int | None = None,
+                 n_threads: int | None = None, eos_ids: Iterable[int] | None = None,
+                 n_batch: int = DEFAULT_N_BATCH, flash_attn: bool = False,
+                 batch_invariant: bool | None = None) -> None:
+        path = Path(gguf_path).expanduser()
+        check_gguf_file(path)
+        lc = _llama_cpp()
+        self._lc = lc
+        self.path = path
+        self.tokenizer = tokenizer
+        self.n_threads = int(n_threads) if n_threads else default_threads()
+        if self.n_threads < 1:
+            raise OmnidraftError(f"n_threads must be >= 1, got {n_threads}")
+        handles: dict = {}
+        self._handles = handles
+        self._finalizer = weakref.finalize(self, _free, lc, handles)
+
+        self.batch_invariant = self._invariance(batch_invariant)
+        mparams = lc.llama_model_default_params()
+        mparams.n_gpu_layers = 0
+        mparams.use_extra_bufts = not self.batch_invariant  # repacked weights use gemm for 4+ rows, gemv for fewer
+        _LOG.clear()
+        model = lc.llama_model_load_from_file(str(path).encode(), mparams)
+        if not model:
+            raise OmnidraftError(self._load_failure(path))
+        handles["model"] = model
+        self.architecture = self._meta(model, "general.architecture")
+
+        self.n_ctx_train = int(lc.llama_model_n_ctx_train(model)) or DEFAULT_N_CTX
+        if n_ctx is None:
+            n_ctx = min(DEFAULT_N_CTX, self.n_ctx_train)
+        elif n_ctx < 1:
+            raise OmnidraftError(f"n_ctx must be >= 1, got {n_ctx}")
+        elif n_ctx > self.n_ctx_train:
+            raise OmnidraftError(f"n_ctx {n_ctx} exceeds the {self.n_ctx_train} positions {path.name} was trained "
+                                 f"for; give n_ctx <= {self.n_ctx_train}")
+        self.n_batch = max(1, min(int(n_batch), int(n_ctx)))
+
+        cparams = lc.llama_context_default_params()
+        cparams.n_ctx = int(n_ctx)
+        cparams.n_batch = self.n_batch
+        cparams.n_ubatch = self.n_batch
+        cparams.n_seq_max = 1
+        cparams.n_threads = self.n_threads
+        cparams.n_threads_batch = self.n_threads
+        cparams.flash_attn_type = lc.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn else lc.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        cparams.swa_full = True  # sliding-window layers keep all positions: exact rollback past the window
+        cparams.no_perf = True
+        _LOG.clear()
+        ctx = lc.llama_init_from_model(model, cparams)
+        if not ctx:
+            why = _last_error()
+            raise OmnidraftError(f"llama.cpp could not create a context for {path.name} with n_ctx={n_ctx}"
+                                 f"{f' ({why})' if why else ''}; try a smaller n_ctx")
+        handles["ctx"] = ctx
+        self._ctx = ctx
+        self.max_context = min(int(n_ctx), int(lc.llama_n_ctx(ctx)))  # llama.cpp may round n_ctx up (to 256)
+        self._memory = lc.llama_get_memory(ctx)
+
+        vocab = lc.llama_model_get_vocab(model)
+        self.vocab_size = int(lc.llama_vocab_n_tokens(vocab))
+        self.eos_ids = self._eos_ids(lc, vocab, tokenizer, eos_ids)
+
+        batch = lc.llama_batch_init(self.n_batch, 0, 1)
+        handles["batch"] = batch
+        self._batch = batch
+        for i in range(self.n_batch):  # every token belongs to sequence 0, set once
+            batch.n_seq_id[i] = 1
+            batch.seq_id[i][0] = 0
+        self._tok = np.ctypeslib.as_array(batch.token, shape=(self.n_batch,))
+        self._pos = np.ctypeslib.as_array(batch.pos, shape=(self.n_batch,))
+        self._want = np.ctypeslib.as_array(batch.logits, shape=(self.n_batch,))
+        self._arange = np.arange(self.max_context + self.n_batch, dtype=np.int32)
+        self._row_bytes = self.vocab_size * 4
+        self._decode = lc.llama_decode
+        self._get_logits = lc.llama_get_logits
+        self.cached_ids: list[int] = []
+        self.reset()
+
+    # ------------------------------------------------------------------------------ loading
+
+    def _load_failure(self, path: Path) -> str:
+        why = _last_error()
+        if why.startswith("unknown model architecture"):
+            return f"llama.cpp cannot run {path.name}: {why}; run this model on the torch target instead"
+        return (f"llama.cpp could not load {path.name}{f' ({why})' if why else ''}: the file is truncated or corrupt; "
+                f"download or reinstall it")
+
+    @staticmethod
+    def _invariance(requested: bool | None) -> bool:
+        """Batch invariance: the k + 1 rows of one verify eval are bit-identical to k + 1
+        one-token evals, so speculative greedy output equals plain greedy output exactly.
+
+        llama.cpp's fast CPU matmuls pick kernels by batch size (llamafile's tinyBLAS from 2 rows,
+        repacked gemm from 4, ggml's tiled matmul from 8), and their rounding differs enough to
+        flip near-tied argmaxes. Invariance needs a build without llamafile (:data:`INVARIANT_BUILD`),
+        weights not repacked and ``GGML_CPU_TILED_MM=0``; it costs ~20 % on evals of 4-8 tokens and
+        nothing on plain decoding. ``None`` turns it on exactly when the build allows it."""
+        tiled = os.environ.get("GGML_CPU_TILED_MM", "1")
+        possible = not _HAS_LLAMAFILE and tiled.strip() == "0"
+        if requested is None:
+            return possible
+        if requested and not possible:
+            if _HAS_LLAMAFILE:
+                raise OmnidraftError(f"batch-invariant verification needs llama-cpp-python built without llamafile; "
+                                     f"run: {INVARIANT_BUILD}")
+            raise OmnidraftError(f"batch-invariant verification needs GGML_CPU_TILED_MM=0 (it is {tiled!r}); "
+                                 f"unset it before the first llama.cpp call")
+        return bool(requested)
+
+    def _meta(self, model, key: str) -> str:
+        buf = ctypes.create_string_buffer(256)
+        n = self._lc.llama_model_meta_val_str(model, key.encode(), buf, ctypes.sizeof(buf))
+        return buf.value.decode("utf-8", "replace") if n >= 0 else ""
+
+    @staticmethod
+    def _eos_ids(lc, vocab, tokenizer, eos_ids) -> frozenset[int]:
+        ids: set[int] = set()
+        if eos_ids is not None:
+            ids.update(int(i) for i in eos_ids)
+        else:
+            ids.update(_tokenizer_eos(tokenizer))
+        for tok in (lc.llama_vocab_eos(vocab), lc.llama_vocab_eot(vocab)):
+            if tok is not None and int(tok) >= 0:
+                ids.add(int(tok))
+        return frozenset(ids)
+
+    # ---------------------------------------------------------------------------- the target
+
+    def reset(self) -> None:
+        """Forget the KV cache."""
+        self._lc.llama_memory_clear(self._memory, True)
+        self.cached_ids = []
+
+    def close(self) -> None:
+        """Free the llama.cpp model and context now (also done when the target is collected)."""
+        self._finalizer()
+
+    def __enter__(self) -> LlamaCppTarget:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def score(self, ids: Sequence[int], num_proposed: int) -> torch.Tensor:
+        """float32 [num_proposed + 1, vocab_size]: logits predicting the token after each of the
+        last num_proposed + 1 ids, from one ``llama_decode`` over what the cache does not hold."""
+        n = len(ids)
+        rows = num_proposed + 1
+        if n == 0:
+            raise ValueError("score needs at least one token id")
+        if n > self.max_context:
+            raise OmnidraftError(f"{n} tokens do not fit the llama.cpp context of {self.max_context} positions; "
+                                 f"shorten the prompt or the output, or give a larger n_ctx "
+                                 f"(up to {self.n_ctx_train})")
+        if rows < 1 or rows > n:
+            raise ValueError(f"num_proposed must be in [0, {n - 1}], got {num_proposed}")
+        if rows > self.n_batch:
+            raise ValueError(f"num_proposed + 1 = {rows} exceeds n_batch = {self.n_batch}")
+        if not isinstance(ids, list):
+            ids = list(ids)
+        keep = min(common_prefix_len(self.cached_ids, ids), n - rows)  # the last `rows` are always recomputed
+        if keep < len(self.cached_ids):
+            self._rollback(keep)
+            keep = len(self.cached_ids)  # 0 when this memory could not drop a suffix
+        new = ids[keep:]
+        tail = min(len(new), self.n_batch)
+        start = keep
+        for i in range(0, len(new) - tail, self.n_batch):  # a long prompt: chunks without logits
+            chunk = new[i:min(i + self.n_batch, len(new) - tail)]
+            self._eval(chunk, start, 0)
+            start += len(chunk)
+        last = new[len(new) - tail:]
+        self._eval(last, start, rows)
+        out = torch.empty((rows, self.vocab_size), dtype=torch.float32)
+        ctypes.memmove(out.data_ptr(), self._get_logits(self._ctx), rows * self._row_bytes)
+        return out
+
+    def _rollback(self, keep: int) -> None:
+        if not self._lc.llama_memory_seq_rm(self._memory, 0, keep, -1):
+            # this memory cannot drop a suffix (recurrent state): start over from empty
+            self._lc.llama_memory_clear(self._memory, True)
+            self.cached_ids = []
+            return
+        del self.cached_ids[keep:]
+
+    def _eval(self, tokens: list[int], start: int, n_logits: int) -> None:
+        """One llama_decode of ``tokens`` at positions start.., logits for the last ``n_logits``."""
+        n = len(tokens)
+        batch = self._batch
+        if n == 1:
+            batch.token[0] = tokens[0]
+            batch.pos[0] = start
+            batch.logits[0] = 1 if n_logits else 0
+        else:
+            self._tok[:n] = tokens
+            self._pos[:n] = self._arange[start:start + n]
+            want = self._want
+            want[:n - n_logits] = 0
+            want[n - n_logits:n] = 1
+        batch.n_tokens = n
+        rc = self._decode(self._ctx, batch)
+        if rc != 0:
+            # the cache may hold part of the batch now: drop everything past what we know
+            self._lc.llama_memory_seq_rm(self._memory, 0, start, -1)
+            if rc == 1:
+                raise OmnidraftError(f"llama.cpp found no room in its KV cache for {n} more tokens after {start}; "
+                                     f"give a larger n_ctx")
+            if rc == 2:
+                raise OmnidraftError("llama.cpp evaluation was aborted; try again")
+            why = _last_error()
+            bad = [t for t in tokens if not 0 <= t < self.vocab_size]
+            if bad:
+                raise OmnidraftError(f"token id {bad[0]} is outside the target's vocabulary of {self.vocab_size}; "
+                                     f"check that the tokenizer matches {self.path.name}")
+            raise OmnidraftError(f"llama.cpp failed to evaluate {n} tokens (llama_decode returned {rc}"
+                                 f"{f': {why}' if why else ''})")
+        self.cached_ids.extend(tokens)
+
+    # ------------------------------------------------------------------------------- costs
+
+    def measure_costs(self, ks: Sequence[int] = (1, 2, 3, 4, 6, 8), context: int = 120, repeats: int = 7,
+                      warmup: int = 2) -> dict[int, float]:
+        """Median milliseconds of one ``score`` eval of k new tokens (logits for all k rows) after
+        ``context`` cached tokens: the verify cost table (k new tokens verify k - 1 proposals; see
+        :meth:`omnidraft.costs.VerifyCosts.from_eval_ms`). The ks are interleaved within each repeat
+        so that machine noise spreads over all of them. Leaves the target reset."""
+        ks = sorted({int(k) for k in ks})
+        if not ks or ks[0] < 1:
+            raise ValueError("ks must be positive token counts")
+        if context + ks[-1] > self.max_context:
+            raise OmnidraftError(f"context {context} + {ks[-1]} tokens exceeds n_ctx {self.max_context}")
+        ids = self._sample_ids(context + ks[-1])
+        prefix = ids[:context]
+        times: dict[int, list[float]] = {k: [] for k in ks}
+        try:
+            self.reset()
+            self.score(prefix, 0)
+            for r in range(warmup + repeats):
+                order = ks[r % len(ks):] + ks[:r % len(ks)]
+                for k in order:
+                    self._rollback(context)
+                    seq = ids[:context + k]
+                    t0 = time.perf_counter()
+                    self.score(seq, k - 1)
+                    elapsed = time.perf_counter() - t0
+                    if r >= warmup:
+                        times[k].append(elapsed * 1000.0)
+        finally:
+            self.reset()
+        return {k: statistics.median(v) for k, v in times.items()}
+
+    def _sample_ids(self, count: int) -> list[int]:
+        """Natural-text token ids for timing (any ids would do; text keeps attention realistic)."""
+        text = ("def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n    a, b = 0, 1\n"
+                "    for _ in range(n):\n        a, b = b, a + b\n    return a\n\n"
+                "The quick brown fox jumps over the lazy dog while the committee reviews the budget. ")
+        ids: list[int] = []
+        try:
+            piece = list(self.tokenizer.encode(text, add_special_tokens=False))
+        except (AttributeError, TypeError, ValueError):  # no usable tokenizer: any ids will do
+            piece = []
+        piece = [t for t in piece if 0 <= t < self.vocab_size] or list(range(100, 200))
+        while len(ids) < count:
+            ids.extend(piece)
+        return ids[:count]
+
+
+def _tokenizer_eos(tokenizer: Any) -> set[int]:
+    """EOS ids from the tokenizer's folder generation config (what the torch target uses), else its eos token."""
+    ids: set[int] = set()
+    source = getattr(tokenizer, "name_or_path", None)
+    if source and Path(source).is_dir() and (Path(source) / "generation_config.json").is_file():
+        try:
+            import json
+
+            eos = json.loads((Path(source) / "generation_config.json").read_text()).get("eos_token_id")
+            ids.update([eos] if isinstance(eos, int) else [int(e) for e in eos or []])
+        except (OSError, ValueError, TypeError):
+            pass
+    if not ids:
+        eos = getattr(tokenizer, "eos_token_id", None)
+        if isinstance(eos, int):
+            ids.add(eos)
+    return ids

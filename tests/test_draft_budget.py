@@ -1,0 +1,79 @@
+"""The cost-aware draft policy on synthetic costs: it never drafts when drafting cannot pay, drafts
+when it can, and the output stays the target's either way (tiny random models)."""
+
+from __future__ import annotations
+
+from tiny import tiny_pair
+
+from omnidraft.config import DecodeConfig
+from omnidraft.costs import DraftCost, VerifyCosts
+from omnidraft.decode import SpeculativeDecoder
+from omnidraft.drafter.budget import EXPLORE_EVERY, CostAwareStop, DraftBudget
+from omnidraft.runtime import make_drafter
+
+LLAMA_CPP = {0: 0.020, 1: 0.037, 3: 0.051, 7: 0.087}  # Qwen-0.5B on llama.cpp: compute-bound
+
+
+def budget(verify: VerifyCosts, drafter_s: float) -> DraftBudget:
+    b = DraftBudget()
+    b.verify, b.draft = verify, DraftCost(drafter_s)
+    return b
+
+
+def test_no_draft_when_it_cannot_pay_even_when_the_drafter_is_always_right():
+    b = budget(VerifyCosts(LLAMA_CPP), drafter_s=0.030)  # a 30 ms drafter against a 20 ms step
+    for _ in range(50):
+        b.stats.update(8, 8)  # perfect acceptance: still slower than plain decoding
+    assert all(b.plan(8) == 0 for _ in range(3 * EXPLORE_EVERY))  # and no exploration: it cannot pay at all
+
+
+def test_drafts_when_verifying_k_tokens_costs_about_one_step():
+    b = budget(VerifyCosts.flat(0.150), drafter_s=0.030)  # memory-bound fp32 target
+    assert b.plan(8) == 8
+    for _ in range(200):
+        b.stats.update(4, 0)  # a drafter that is always wrong
+    assert b.plan(8) == 0
+
+
+def test_a_free_drafter_pays_on_llama_cpp_with_high_acceptance():
+    b = budget(VerifyCosts(LLAMA_CPP), drafter_s=0.0005)
+    for _ in range(100):
+        b.stats.update(4, 4)
+    assert b.plan(8) > 0
+
+
+def test_the_stop_rule_ends_a_draft_at_a_doubtful_token():
+    import torch
+
+    b = budget(VerifyCosts.flat(0.150), drafter_s=0.030)
+    stop = CostAwareStop(b, k_max=8)
+    stop.start()
+    sure = torch.tensor([10.0, 0.0, 0.0])
+    unsure = torch.tensor([0.1, 0.0, 0.0])
+    assert not stop.stop_after(0, sure, None, torch.zeros(4), sure)  # q ≈ 1: go on
+    assert stop.stop_after(0, unsure, None, torch.zeros(4), unsure)  # q ≈ 0.36: the next token will not pay
+    assert len(stop.probs) == 2
+
+
+def test_decoding_follows_the_policy_and_keeps_the_output():
+    d_model, target, bridge = tiny_pair()
+    prompt = target.tokenizer.encode("the cat sat on")
+    config = DecodeConfig(max_new_tokens=24, draft_len=4)
+    expected = SpeculativeDecoder(target).generate(prompt, config).token_ids
+    losing = SpeculativeDecoder(target, make_drafter(d_model, bridge, target), bridge)
+    losing.budget = budget(VerifyCosts(LLAMA_CPP), drafter_s=0.030)
+    assert losing.generate(prompt, config).token_ids == expected
+    assert losing.stats.drafted_tokens == 0 and losing.stats.plain_steps == losing.stats.steps
+    paying = SpeculativeDecoder(target, make_drafter(d_model, bridge, target), bridge)
+    paying.budget = budget(VerifyCosts.flat(0.150), drafter_s=0.001)
+    assert paying.generate(prompt, config).token_ids == expected
+    assert paying.stats.drafted_tokens > 0 and paying.budget.stats.steps > 0
+
+
+def test_costs_are_measured_at_the_first_request():
+    d_model, target, bridge = tiny_pair()
+    decoder = SpeculativeDecoder(target, make_drafter(d_model, bridge, target), bridge)
+    decoder.generate(target.tokenizer.encode("the cat sat on"), DecodeConfig(max_new_tokens=8))
+    table = decoder.budget.cost_table_ms()
+    assert set(table) >= {0, 1, 2, 4, 8} and all(v > 0 for v in table.values())
+    assert decoder.budget.draft.seconds_per_token > 0
