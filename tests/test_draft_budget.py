@@ -77,3 +77,20 @@ def test_costs_are_measured_at_the_first_request():
     table = decoder.budget.cost_table_ms()
     assert set(table) >= {0, 1, 2, 4, 8} and all(v > 0 for v in table.values())
     assert decoder.budget.draft.seconds_per_token > 0
+
+
+def test_what_a_process_measured_is_kept_for_the_next_one(tmp_path):
+    from omnidraft.runtime import BudgetKeeper
+
+    path = tmp_path / "models" / "costs" / "pair@llamacpp-bfloat16.json"
+    first = budget(VerifyCosts(LLAMA_CPP), drafter_s=0.030)
+    first.stats.update(4, 2)
+    BudgetKeeper(first, path).on_finish()
+    again = DraftBudget()
+    BudgetKeeper(again, path)
+    assert again.measured and again.verify.table == first.verify.table
+    assert again.draft.seconds_per_token == 0.030 and again.stats.rates(4) == first.stats.rates(4)
+    path.write_text('{"format": 1, "verify_s": {"0": -1}, "draft_s": "x"}')  # damaged: measured anew, no error
+    fresh = DraftBudget()
+    BudgetKeeper(fresh, path)
+    assert not fresh.measured

@@ -105,6 +105,33 @@ class DraftBudget:
         self.draft = DraftCost((time.perf_counter() - t0) / 4, alpha=0.1)
         drafter.lm.logits_for(d_ctx)  # leave the drafter's cache on real text
 
+    # ---- kept across processes (what a later run starts from; the loop keeps updating it)
+
+    def state(self) -> dict:
+        return {"format": 1, "verify_s": {str(k): v for k, v in (self.verify.table.items() if self.verify else [])},
+                "draft_s": self.draft.seconds_per_token if self.draft.known else None,
+                "stats": {"tried": self.stats.tried, "accepted": self.stats.accepted},
+                "calibration": {"tried": self.calibration.tried, "accepted": self.calibration.accepted}}
+
+    def restore(self, state: dict) -> bool:
+        """Take a saved state; False (and nothing changed) for anything malformed."""
+        try:
+            verify = VerifyCosts({int(k): float(v) for k, v in state["verify_s"].items()})
+            draft = float(state["draft_s"])
+            tried, accepted = [float(x) for x in state["stats"]["tried"]], [float(x) for x in state["stats"]["accepted"]]
+            c_tried = [float(x) for x in state["calibration"]["tried"]]
+            c_accepted = [float(x) for x in state["calibration"]["accepted"]]
+        except (KeyError, TypeError, ValueError, AttributeError):
+            return False
+        ok = (state.get("format") == 1 and len(tried) == len(accepted) == self.stats.max_positions
+              and len(c_tried) == len(c_accepted) == self.calibration.bins and draft > 0
+              and all(0 <= a <= t for a, t in zip(accepted + c_accepted, tried + c_tried)))
+        if ok:
+            self.verify, self.draft = verify, DraftCost(draft, alpha=0.1)
+            self.stats.tried, self.stats.accepted = tried, accepted
+            self.calibration.tried, self.calibration.accepted = c_tried, c_accepted
+        return ok
+
     def cost_table_ms(self) -> dict[int, float]:
         return {k: round(v * 1000, 2) for k, v in (self.verify.table.items() if self.verify else [])}
 
@@ -156,3 +183,4 @@ class CostAwareStop:
         estimate = self.head.accept_prob(hidden, logits) if self.head is not None else self.budget.calibration(prob)
         self._seq.push(min(max(estimate, 0.0), 1.0))
         return not self._seq.should_continue(a_next=self.budget.stats.rate(self._seq.i + 1))
+
