@@ -15,6 +15,7 @@ from omnidraft.verify import RULES, VERIFIERS, rule_info
 TRANSLATIONS = ("auto", "text", "tokens")
 DRAFT_STOPS = ("auto", "head", "confidence", "fixed")
 ENGINES = ("auto", "torch", "llamacpp")  # auto: llama.cpp for GGUF targets when installed, else torch
+# (a grpc:// or grpcs:// target runs on a server: its engine is the server's)
 DRAFTER_DTYPES = ("float32", "bfloat16", "int8")
 DEFAULT_DRAFTER_DTYPE = "bfloat16"  # fastest eager drafter on CPU that `omnidraft bench` found (docs/performance.md)
 INT8_NO_ADAPTER = "an int8 drafter cannot take a LoRA adapter (LoRA needs float weights); use --drafter-dtype bfloat16"

@@ -13,7 +13,6 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any
 
 import torch
 
@@ -25,8 +24,8 @@ from omnidraft.drafter.policy import stop_rule
 from omnidraft.errors import OmnidraftError
 from omnidraft.ngram.trie import NgramCache, NgramTrie
 from omnidraft.target import Target
-from omnidraft.verify import get_rule, rule_info
-from omnidraft.verify.sampling import probs_from_logits
+from omnidraft.target.base import LocalVerifier, RowRequest
+from omnidraft.verify import rule_info
 from omnidraft.vocab.bridge import Translation, VocabBridge
 from omnidraft.vocab.reverse import DrafterContext
 from omnidraft.vocab.translate import TextTranslator, TokenTranslator, Translator
@@ -126,7 +125,6 @@ class Proposal:
 class Plan:
     """The strategies of one request, chosen once from its config."""
 
-    rule: Any
     translator: Translator
     policy: DraftPolicy
     budget: DraftBudget | None  # the cost-aware policy's numbers (None: a fixed stop rule)
@@ -140,6 +138,8 @@ class SpeculativeDecoder:
         if (drafter is None) != (bridge is None):
             raise ValueError("a drafter needs a vocabulary bridge and vice versa")
         self.target, self.drafter, self.bridge = target, drafter, bridge
+        # Score and verify where the target runs: a remote target is its own verifier.
+        self.verifier = target if hasattr(target, "verify") else LocalVerifier(target)
         self.ngrams = ngrams if ngrams is not None else (NgramTrie() if drafter is not None else None)
         self.stats = DecodeStats()
         self.observers: list[DecodeObserver] = []
@@ -179,8 +179,9 @@ class SpeculativeDecoder:
         if not prompt_ids:
             raise OmnidraftError("the prompt is empty")
         self.check_length(len(prompt_ids), config.max_new_tokens)
-        generator = torch.Generator().manual_seed(config.seed)
+        generator = torch.Generator().manual_seed(config.seed)  # the drafter's sampling (verification: step_generator)
         plan = self.plan(config, generator) if self.drafter is not None else None
+        rows = next((r for r in (getattr(o, "row_request", None) for o in self.observers) if r is not None), None)
         self.stats = DecodeStats()
         if self.ngrams is not None:
             self.stats.ngram_cache_entries_at_start = len(self.ngrams)
@@ -189,7 +190,7 @@ class SpeculativeDecoder:
         ctx = DrafterContext(self.bridge, ids) if plan is not None else None
         stale = False
         if plan is not None and plan.budget is not None and not plan.budget.measured:
-            plan.budget.measure(self.target, self.drafter, ids, ctx.ids)
+            plan.budget.measure(self.verifier, self.drafter, ids, ctx.ids)
         observers = list(self.observers)
         for obs in observers:
             obs.on_start(ids)
@@ -199,12 +200,12 @@ class SpeculativeDecoder:
                     obs.before_step()
                 budget = self._draft_budget(plan, config)
                 if budget == 0:  # no drafter, one token left, or drafting would not pay: a plain step
-                    emitted, done, logits = self._target_step(ids, config, generator, plan)
+                    emitted, done, logits = self._target_step(ids, config, plan, rows)
                     stale = plan is not None  # the drafter's context is caught up when drafting resumes
                 else:
                     if stale:
                         ctx, stale = self._rebuild_context(ids), False
-                    emitted, done, logits = self._speculative_step(ids, ctx, plan, config, generator, budget)
+                    emitted, done, logits = self._speculative_step(ids, ctx, plan, config, budget, rows)
                 for obs in observers:
                     obs.on_step(logits, emitted)
                 ids.extend(emitted)
@@ -225,14 +226,17 @@ class SpeculativeDecoder:
     def plan(self, config: DecodeConfig, generator: torch.Generator) -> Plan:
         """The rule, translator and draft policy ``config`` asks for."""
         info = rule_info(config.verify)
+        if self.verifier.rules is not None and config.verify not in self.verifier.rules:
+            raise OmnidraftError(f"--verify {config.verify} needs the drafter's distribution next to the target; this "
+                                 f"target verifies {' or '.join(self.verifier.rules)}")
         translation = info.translations[0] if config.translate == "auto" else config.translate
         translator = self.translator(translation, config.use_ngram and info.uses_ngrams, config.use_ngram)
-        sampler = Sampler(config.temperature if info.sampling else 0.0, config.top_p, info.keeps_q, generator)
+        sampler = Sampler(config.temperature if info.keeps_q else 0.0, config.top_p, info.keeps_q, generator)
         budget = self.budget if config.draft_stop == "auto" else None
         stop = stop_rule(config.draft_stop, self.drafter.head, config.draft_confidence, config.stop_gamma,
                          budget, config.draft_len)
         policy = DraftPolicy(sampler, translator.constraint(self.drafter.lm.vocab_size), stop)
-        return Plan(get_rule(config.verify), translator, policy, budget)
+        return Plan(translator, policy, budget)
 
     def translator(self, translation: str, propose_ngrams: bool, learn_ngrams: bool) -> Translator:
         """One translator per kind, kept for the decoder's life (they hold masks and memos)."""
@@ -262,21 +266,18 @@ class SpeculativeDecoder:
         k_max = min(config.draft_len, remaining - 1)
         return plan.budget.plan(k_max) if plan.budget is not None else k_max
 
-    def _target_step(self, ids: list[int], config: DecodeConfig, generator: torch.Generator, plan: Plan | None = None):
+    def _target_step(self, ids: list[int], config: DecodeConfig, plan: Plan | None = None, rows: RowRequest | None = None):
         t0 = time.perf_counter()
-        logits = self.target.score(ids, 0)
-        if config.temperature <= 0:
-            nxt = int(logits[0].argmax())
-        else:
-            nxt = int(torch.multinomial(probs_from_logits(logits[0], config.temperature, config.top_p), 1, generator=generator))
+        verdict = self.verifier.verify(ids, None, config, rows)
+        nxt, logits = verdict.next_token, verdict.rows
         seconds = time.perf_counter() - t0
         self.stats.verify_s += seconds
-        self.stats.steps += 1
-        self.stats.target_forwards += 1
         if plan is not None:
             self.stats.plain_steps += 1
-            if plan.budget is not None:
+            if plan.budget is not None and self.stats.steps > 0:  # the first step also read the prompt
                 plan.budget.observe_plain(seconds)
+        self.stats.steps += 1
+        self.stats.target_forwards += 1
         return *self._finish([nxt], config.max_new_tokens - self.stats.new_tokens), logits
 
     def _rebuild_context(self, ids: list[int]) -> DrafterContext:
@@ -288,7 +289,7 @@ class SpeculativeDecoder:
         return ctx
 
     def _speculative_step(self, ids: list[int], ctx: DrafterContext, plan: Plan, config: DecodeConfig,
-                          generator: torch.Generator, budget: int):
+                          budget: int, rows: RowRequest | None):
         remaining = config.max_new_tokens - self.stats.new_tokens
         t0 = time.perf_counter()
         draft = self.drafter.draft(ctx.ids, budget, plan.policy)
@@ -296,15 +297,15 @@ class SpeculativeDecoder:
         tr = plan.translator.forward(ids, draft)
         proposal = Proposal(draft, tr, tr.target_ids[: remaining - 1], plan.translator)
         t2 = time.perf_counter()
-        logits = self.target.score(ids + proposal.proposed, len(proposal.proposed))
-        n, nxt = plan.rule.verify(logits, proposal, config, generator)
+        verdict = self.verifier.verify(ids, proposal, config, rows)
+        n, nxt, logits = verdict.accepted, verdict.next_token, verdict.rows
         t3 = time.perf_counter()
         emitted, done = self._finish(proposal.proposed[:n] + [nxt], remaining)
-        self._count(proposal, n)
         if plan.budget is not None:
             kept = plan.translator.drafted_kept(draft, tr, n, proposal.proposed)
-            plan.budget.observe_step(len(draft.tokens), t1 - t0, len(proposal.proposed), t3 - t2, kept,
-                                     plan.policy.stop.probs)
+            plan.budget.observe_step(len(draft.tokens), t1 - t0, len(proposal.proposed),
+                                     t3 - t2 if self.stats.steps > 0 else None, kept, plan.policy.stop.probs)
+        self._count(proposal, n)
         if not done:  # reverse translation (Algorithm 1, lines 17-19)
             plan.translator.reverse(ctx, draft, tr, emitted, n)
         t4 = time.perf_counter()

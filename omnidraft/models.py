@@ -232,7 +232,7 @@ def check_spec(spec: str) -> None:
     missing or a file, text that is neither a path nor a hub id."""
     if not spec.strip():
         raise OmnidraftError("the model spec is empty; give builtin:NAME, a model folder or a hub id")
-    if builtin(spec) is not None:
+    if builtin(spec) is not None or spec.startswith(("grpc://", "grpcs://")):
         return
     path = Path(spec).expanduser()
     if path.is_dir() or is_gguf_file(spec):

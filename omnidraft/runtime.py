@@ -62,22 +62,39 @@ def llama_cpp_installed() -> bool:
     return importlib.util.find_spec("llama_cpp") is not None
 
 
+@dataclass
+class RemoteOptions:
+    """How to reach a target on a server (``grpc://`` / ``grpcs://`` specs)."""
+
+    token: str | None = None  # from --token-file or $OMNIDRAFT_TOKEN, never the command line
+    deadline_s: float = 30.0
+    rtt_ms: float = 0.0  # an injected round-trip delay (bench)
+
+
 def resolve_engine(spec: str, engine: str, dtype: str = "float32") -> str:
     """``auto``: llama.cpp for a GGUF target (a builtin or a .gguf file) when llama-cpp-python is
     installed and no torch dtype was asked for (it runs them 4-6x faster than our fp32 torch
     engine, see docs/performance.md), else torch."""
     if engine not in ENGINES:
         raise OmnidraftError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
+    if spec.startswith(("grpc://", "grpcs://")):
+        return "remote"
     if engine != "auto":
         return engine
     gguf = models.builtin(spec) is not None or models.is_gguf_file(spec)
     return "llamacpp" if gguf and dtype == "float32" and llama_cpp_installed() else "torch"
 
 
-def load_target(spec: str, engine: str = "auto", *, home=None, dtype: str = "float32",
-                quiet: bool = False) -> tuple[Target, torch.nn.Module | None, str]:
+def load_target(spec: str, engine: str = "auto", *, home=None, dtype: str = "float32", quiet: bool = False,
+                remote: RemoteOptions | None = None) -> tuple[Target, torch.nn.Module | None, str]:
     """(target, its torch model or None, the engine that runs it)."""
     engine = resolve_engine(spec, engine, dtype)
+    if engine == "remote":
+        from omnidraft.rpc.client import RemoteTarget
+
+        options = remote or RemoteOptions()
+        return RemoteTarget(spec, token=options.token, home=home, deadline_s=options.deadline_s,
+                            rtt_ms=options.rtt_ms), None, engine
     if engine == "llamacpp":
         from omnidraft.target.llamacpp import LlamaCppTarget, check_gguf_file
 
@@ -122,7 +139,7 @@ def open_ngram_cache(drafter_tok, target_tok, options: CacheOptions, home=None) 
 
 def load_pipeline(target_spec: str, drafter_spec: str | None, *, home=None, dtype: str = "float32",
                   drafter_dtype: str = DEFAULT_DRAFTER_DTYPE, cache: CacheOptions | None = None, quiet: bool = False,
-                  adapter: str = "auto", engine: str = "auto") -> Pipeline:
+                  adapter: str = "auto", engine: str = "auto", remote: RemoteOptions | None = None) -> Pipeline:
     """Load target (and drafter unless None/'none') and wire bridge, n-gram cache, drafter, decoder.
 
     ``adapter``: "auto" uses the pair's LoRA adapter under ``<home>/adapters/`` if one was
@@ -138,7 +155,7 @@ def load_pipeline(target_spec: str, drafter_spec: str | None, *, home=None, dtyp
         precheck_adapter(adapter, drafter_dtype)  # a bad path fails now, not after a minute of loading
     if not quiet:
         notice(f"loading target {target_spec} ({resolve_engine(target_spec, engine, dtype)})")
-    target, target_model, engine = load_target(target_spec, engine, home=home, dtype=dtype, quiet=quiet)
+    target, target_model, engine = load_target(target_spec, engine, home=home, dtype=dtype, quiet=quiet, remote=remote)
     target_tok = target.tokenizer
     if not drafting:
         return Pipeline(SpeculativeDecoder(target), target_spec, None, target_model, None, engine=engine)

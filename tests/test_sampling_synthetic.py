@@ -54,7 +54,7 @@ def chi_square_pvalue(counts: torch.Tensor, p: torch.Tensor) -> float:
     return float(chisquare(obs.numpy(), exp.numpy() * obs.sum().item() / exp.sum().item()).pvalue)
 
 
-@pytest.mark.parametrize("verify", ["tli", "omnidraft"])
+@pytest.mark.parametrize("verify", ["tli", "omnidraft", "text-sample"])
 def test_first_token_follows_target_distribution(pair, verify):
     d_model, target, bridge = pair
     decoder = SpeculativeDecoder(target, make_drafter(d_model, bridge, target), bridge, NgramTrie())

@@ -50,6 +50,10 @@ def write_results(out_dir: Path, meta: dict, summary: dict[str, dict]) -> list[P
     out_dir.mkdir(parents=True, exist_ok=True)
     atomic_write(out_dir / "results.json", json.dumps({"meta": meta, "modes": summary}, indent=1).encode())
     md = f"# omnidraft bench\n\n{meta_line(meta)}\n\n{markdown_table(summary)}"
+    remote = {m: r["wire_bytes_per_token"] for m, r in summary.items() if r.get("wire_bytes_per_token")}
+    if remote:
+        md += "\nOver the wire (message bytes both ways per generated token; tokens/target fwd = tokens per round trip): " + \
+              ", ".join(f"`{m}` {b:.0f} B" for m, b in remote.items()) + f" (injected round trip {meta.get('rtt_ms', 0):g} ms)\n"
     if meta.get("policy"):
         md += "\nThe cost-aware draft policy (`--draft-stop auto`):\n\n" + policy_lines(meta["policy"])
     atomic_write(out_dir / "results.md", md.encode())

@@ -52,6 +52,7 @@ class PromptRun:
     split: dict[str, float] = field(default_factory=dict)  # draft / verify / bridge / other seconds
     steps: int = 0
     plain_steps: int = 0  # steps the draft policy left to the target alone
+    wire_bytes: int = 0  # message bytes both ways, for a remote target
 
     @property
     def tokens_per_s(self) -> float:
@@ -96,6 +97,7 @@ def summarize(runs: dict[str, list[PromptRun]], baseline: str | None = "target",
             "ngram_hits_accepted": sum(r.ngram_hits_accepted for r in mode_runs),
             "time_split_s": split,
             "drafted_steps": sum(r.steps - r.plain_steps for r in mode_runs),
+            "wire_bytes_per_token": sum(r.wire_bytes for r in mode_runs) / tokens if tokens else None,
             "steps": sum(r.steps for r in mode_runs),
         }
         if mode in compare and base:
@@ -121,13 +123,15 @@ def our_mode(decoder: SpeculativeDecoder, config: DecodeConfig) -> ModeFn:
 
     def run(prompt_ids: list[int]) -> PromptRun:
         fresh(decoder)
+        sent = getattr(decoder.target, "bytes_sent", 0) + getattr(decoder.target, "bytes_received", 0)
         result = decoder.generate(prompt_ids, config)
         s = result.stats
         drafting = decoder.drafter is not None
+        wire = getattr(decoder.target, "bytes_sent", 0) + getattr(decoder.target, "bytes_received", 0) - sent
         return PromptRun(result.token_ids, s.wall_s, s.target_forwards, s.drafted_tokens, s.proposed_tokens,
                          s.accepted_tokens, s.acceptance_rate if drafting else None, s.ngram_hits_proposed,
                          s.ngram_hits_accepted, {"draft": s.draft_s, "verify": s.verify_s, "bridge": s.bridge_s, "other": s.other_s},
-                         s.steps, s.plain_steps if drafting else s.steps)
+                         s.steps, s.plain_steps if drafting else s.steps, wire)
 
     run.decoder = decoder  # what the draft policy measured and chose, for the report
     return run

@@ -25,6 +25,7 @@ from omnidraft.cli.options import (
     check_adaptable,
     decode_config,
     integer,
+    remote_options,
     train_config,
 )
 from omnidraft.errors import OmnidraftError
@@ -62,7 +63,8 @@ def run(args: argparse.Namespace) -> int:
         raise OmnidraftError(f"--stream {args.stream} has no prompts at offset {args.offset}")
     _check_writable(args)  # before a minute of loading; OnlineLearning takes the lock for real
     pipe = load_pipeline(args.target, args.drafter, dtype=args.dtype, drafter_dtype=args.drafter_dtype,
-                         cache=cache_options(args), quiet=args.json, adapter=args.adapter, engine=args.engine)
+                         cache=cache_options(args), quiet=args.json, adapter=args.adapter, engine=args.engine,
+                         remote=remote_options(args))
     learner = OnlineLearning(pipe, tcfg, save_to=args.save_to, nice=0)
     rates: list[float] = []
     bar = tqdm(prompts, desc="adapt", unit="prompt", disable=args.json)

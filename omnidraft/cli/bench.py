@@ -20,6 +20,7 @@ from omnidraft.cli.options import (
     decode_config,
     integer,
     number,
+    remote_options,
 )
 from omnidraft.errors import OmnidraftError
 
@@ -62,6 +63,8 @@ def engines(args: argparse.Namespace) -> list[str]:
     llama.cpp too for a GGUF target when it is installed (or asked for)."""
     from omnidraft.runtime import resolve_engine
 
+    if args.target.startswith(("grpc://", "grpcs://")):
+        return ["remote"]
     if args.engine == "torch":
         return ["torch"]
     return ["torch", "llamacpp"] if args.engine == "llamacpp" or resolve_engine(args.target, "auto") == "llamacpp" else ["torch"]
@@ -70,8 +73,12 @@ def engines(args: argparse.Namespace) -> list[str]:
 def parse_modes(args: argparse.Namespace) -> list[str]:
     from omnidraft.bench.runner import ALL_MODES
 
-    default = DEFAULT_MODES + ("," + LLAMA_DEFAULT_MODES if "llamacpp" in engines(args) else "")
+    on = engines(args)
+    default = "target,greedy" if on == ["remote"] else DEFAULT_MODES + ("," + LLAMA_DEFAULT_MODES if "llamacpp" in on else "")
     modes = [m.strip() for m in (args.modes or default).split(",") if m.strip()]
+    if on == ["remote"] and not set(modes) <= {"target", "greedy", "greedy-ngram", "greedy-nocache"}:
+        raise OmnidraftError("against a remote target the bench runs target, greedy, greedy-ngram and greedy-nocache "
+                             "(verification runs on the server: no transformers or llama.cpp modes here)")
     unknown = [m for m in modes if m not in ALL_MODES]
     if unknown or not modes:
         raise OmnidraftError(f"unknown --modes {unknown or '(empty)'}; choose from {', '.join(ALL_MODES)}")
@@ -117,7 +124,7 @@ def run_meta(args: argparse.Namespace, n: int) -> dict:
             "offset": args.offset, "max_new_tokens": args.max_new_tokens, "draft_len": args.draft_len,
             "draft_confidence": args.draft_confidence, "draft_stop": args.draft_stop, "stop_gamma": args.stop_gamma,
             "drafter_dtype": args.drafter_dtype, "temperature_sampling_modes": getattr(args, "sample_temperature", None),
-            "seed": args.seed, "threads": torch.get_num_threads()}
+            "seed": args.seed, "threads": torch.get_num_threads(), "rtt_ms": getattr(args, "rtt_ms", 0.0)}
 
 
 def load_for_bench(args: argparse.Namespace, adapter: str | None = None):
@@ -125,8 +132,10 @@ def load_for_bench(args: argparse.Namespace, adapter: str | None = None):
     asked for (--ngram-cache home, once per mode), so a bench never writes the user's state."""
     from omnidraft.runtime import CacheOptions, load_pipeline
 
+    remote = args.target.startswith(("grpc://", "grpcs://"))
     return load_pipeline(args.target, args.drafter, dtype=args.dtype, drafter_dtype=args.drafter_dtype,
-                         cache=CacheOptions(enabled=False), adapter=adapter or args.adapter, engine="torch")
+                         cache=CacheOptions(enabled=False), adapter=adapter or args.adapter,
+                         engine="auto" if remote else "torch", remote=remote_options(args))
 
 
 def _llama_target(args: argparse.Namespace, pipe):

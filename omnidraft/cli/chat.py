@@ -14,6 +14,7 @@ from omnidraft.cli.options import (
     cache_options,
     check_adaptable,
     decode_config,
+    remote_options,
     text,
     train_config,
 )
@@ -52,7 +53,8 @@ def run(args: argparse.Namespace) -> int:
     tcfg = train_config(args)
     check_adaptable(args, training=not args.no_train)
     loader = partial(_load, load_pipeline, drafter=args.drafter, dtype=args.dtype, adapter=args.adapter,
-                     drafter_dtype=args.drafter_dtype, cache=cache_options(args), engine=args.engine)
+                     drafter_dtype=args.drafter_dtype, cache=cache_options(args), engine=args.engine,
+                     remote=remote_options(args))
     session = ChatSession(loader(args.target), loader, config, system=args.system,
                           context_window=args.context_window, train=not args.no_train,
                           learner_factory=partial(_learner, config=tcfg))

@@ -14,6 +14,7 @@ from omnidraft.cli.options import (
     cache_options,
     check_adaptable,
     decode_config,
+    remote_options,
     text,
 )
 from omnidraft.errors import OmnidraftError
@@ -54,7 +55,8 @@ def run(args: argparse.Namespace) -> int:
     check_adaptable(args, training=False)
     prompt = prompt_text(args)
     pipe = load_pipeline(args.target, args.drafter, dtype=args.dtype, drafter_dtype=args.drafter_dtype,
-                         cache=cache_options(args), quiet=args.json, adapter=args.adapter, engine=args.engine)
+                         cache=cache_options(args), quiet=args.json, adapter=args.adapter, engine=args.engine,
+                         remote=remote_options(args))
     prompt_ids = encode_prompt(pipe.target_tokenizer, prompt, chat=args.chat)
     decoder = pipe.decoder
     decoder.check_length(len(prompt_ids), config.max_new_tokens)  # before any forward pass

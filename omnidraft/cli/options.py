@@ -115,6 +115,12 @@ def add_model_options(parser: argparse.ArgumentParser, *, target: bool = True, d
                             "targets when llama-cpp-python is installed")
         g.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                        help="target precision on the torch engine (bfloat16 implies --engine torch under auto)")
+        r = parser.add_argument_group("remote target (--target grpc://HOST:PORT or grpcs://HOST:PORT)")
+        r.add_argument("--token-file", default=None, help="file holding the server's token (default: $OMNIDRAFT_TOKEN)")
+        r.add_argument("--deadline", type=number(0, 3600, low_open=True), default=30.0,
+                       help="seconds each call to the server may take (default 30)")
+        r.add_argument("--rtt-ms", type=number(0, 10_000), default=0.0,
+                       help="add this many ms of round trip to every call (to measure what a network costs)")
     if drafter:
         g.add_argument("--drafter-dtype", choices=DRAFTER_DTYPES, default=DEFAULT_DRAFTER_DTYPE,
                        help="drafter precision (speed only: the target verifies every token; int8 takes no adapter)")
@@ -251,3 +257,12 @@ def check_adaptable(args: argparse.Namespace, training: bool) -> None:
     explicit = getattr(args, "adapter", "auto") not in ("auto", "none")
     if getattr(args, "drafter_dtype", None) == "int8" and (training or explicit):
         raise OmnidraftError(INT8_NO_ADAPTER + (", or --no-train" if training else ""))
+
+
+def remote_options(args: argparse.Namespace):
+    """How to reach a ``grpc://`` target: the token from --token-file or $OMNIDRAFT_TOKEN."""
+    from omnidraft.rpc import read_token
+    from omnidraft.runtime import RemoteOptions
+
+    token = read_token(getattr(args, "token_file", None)) if str(getattr(args, "target", "")).startswith("grpc") else None
+    return RemoteOptions(token=token, deadline_s=getattr(args, "deadline", 30.0), rtt_ms=getattr(args, "rtt_ms", 0.0))

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from types import SimpleNamespace
 
 import torch
 
@@ -84,16 +85,19 @@ class DraftBudget:
     # ---- start-up measurement
 
     @torch.inference_mode()
-    def measure(self, target, drafter, prompt_ids: Sequence[int], drafter_ids: Sequence[int]) -> None:
-        """V(k) for k in MEASURE_KS and d, timed on this prompt (its KV entries are then reused)."""
+    def measure(self, verifier, drafter, prompt_ids: Sequence[int], drafter_ids: Sequence[int]) -> None:
+        """V(k) for k in MEASURE_KS and d, timed on this prompt (its KV entries are then reused).
+
+        ``verifier``: the decoder's (a local engine or a remote target: a round trip is part of V)."""
         ctx = list(prompt_ids[:MEASURE_CONTEXT])
         filler = (list(prompt_ids) * (max(MEASURE_KS) // max(len(prompt_ids), 1) + 2))[: max(MEASURE_KS) + 1]
-        target.score(ctx, 0)  # prefill
+        greedy = SimpleNamespace(verify="greedy", temperature=0.0, top_p=1.0, seed=0)
+        verifier.verify(ctx, None, greedy, None)  # prefill
         table: dict[int, list[float]] = {k: [] for k in MEASURE_KS}
         for _ in range(2):
             for k in MEASURE_KS:
                 t0 = time.perf_counter()
-                target.score(ctx + filler[: k + 1], k)
+                verifier.verify(ctx, SimpleNamespace(proposed=filler[: k]) if k else None, greedy, None)
                 table[k].append(time.perf_counter() - t0)
         self.verify = VerifyCosts({k: min(v) for k, v in table.items()})
         d_ctx = list(drafter_ids[:MEASURE_CONTEXT]) or [0]
@@ -108,7 +112,7 @@ class DraftBudget:
     # ---- kept across processes (what a later run starts from; the loop keeps updating it)
 
     def state(self) -> dict:
-        return {"format": 1, "verify_s": {str(k): v for k, v in (self.verify.table.items() if self.verify else [])},
+        return {"format": 2, "verify_s": {str(k): v for k, v in (self.verify.table.items() if self.verify else [])},
                 "draft_s": self.draft.seconds_per_token if self.draft.known else None,
                 "stats": {"tried": self.stats.tried, "accepted": self.stats.accepted},
                 "calibration": {"tried": self.calibration.tried, "accepted": self.calibration.accepted}}
@@ -123,7 +127,7 @@ class DraftBudget:
             c_accepted = [float(x) for x in state["calibration"]["accepted"]]
         except (KeyError, TypeError, ValueError, AttributeError):
             return False
-        ok = (state.get("format") == 1 and len(tried) == len(accepted) == self.stats.max_positions
+        ok = (state.get("format") == 2 and len(tried) == len(accepted) == self.stats.max_positions
               and len(c_tried) == len(c_accepted) == self.calibration.bins and draft > 0
               and all(0 <= a <= t for a, t in zip(accepted + c_accepted, tried + c_tried)))
         if ok:
@@ -139,28 +143,36 @@ class DraftBudget:
 
     def plan(self, k_max: int) -> int:
         """How many tokens this step may draft at most; 0 = a plain target step."""
-        d = self.draft.seconds_per_token
-        k = best_draft_length(self.stats.rates(k_max), d, self.verify, k_max)
+        d, verify = self.draft.seconds_per_token, self._verify_costs()
+        k = best_draft_length(self.stats.rates(k_max), d, verify, k_max)
         if k == 0:
             self.skipped += 1
-            if self.skipped % EXPLORE_EVERY == 0 and best_draft_length(OPTIMISTIC_ACCEPTANCE, d, self.verify, k_max):
+            if self.skipped % EXPLORE_EVERY == 0 and best_draft_length(OPTIMISTIC_ACCEPTANCE, d, verify, k_max):
                 k = k_max  # explore: the statistics must see drafts to notice that they could pay
         self.choices[k] = self.choices.get(k, 0) + 1
         return k and k_max
 
     def sequence(self, k_max: int) -> SequentialDraft:
-        return SequentialDraft(self.draft.seconds_per_token, self.verify, k_max)
+        return SequentialDraft(self.draft.seconds_per_token, self._verify_costs(), k_max)
+
+    def _verify_costs(self):
+        """V, with V(0) never above V(1): a policy that drafts observes no plain step, so a V(0) once
+        inflated (a slow moment) would otherwise keep it drafting at a loss."""
+        v0_cap = self.verify(1)
+        return lambda k: min(self.verify(0), v0_cap) if k == 0 else self.verify(k)
 
     # ---- what the loop observed
 
     def observe_plain(self, seconds: float) -> None:
         self.verify.observe(0, seconds)
 
-    def observe_step(self, drafted: int, draft_s: float, proposed: int, verify_s: float, kept: int,
+    def observe_step(self, drafted: int, draft_s: float, proposed: int, verify_s: float | None, kept: int,
                      token_probs: Sequence[float]) -> None:
-        """One speculative step: ``kept`` of the ``drafted`` tokens survived verification."""
+        """One speculative step: ``kept`` of the ``drafted`` tokens survived verification.
+        ``verify_s`` is None when the verify also read the prompt (the first step of a request)."""
         self.draft.observe(drafted, draft_s)
-        self.verify.observe(proposed, verify_s)
+        if verify_s is not None:
+            self.verify.observe(proposed, verify_s)
         self.stats.update(drafted, kept)
         for i, q in enumerate(token_probs[: kept + 1]):  # conditional on the ones before being kept
             self.calibration.update(q, i < kept)

@@ -1,15 +1,20 @@
 """The target half of the loop: what every target backend provides.
 
-``score(ids, m)`` returns the target's logits predicting the token after each of the last m+1 ids
-(after the context and after each of the m proposals), from one forward over what is not cached
-yet. The backend keeps its own KV cache and crops it to the common prefix with ``ids``, so a
-rejection costs nothing extra. Backends: eager torch on this machine (``torch_target.py``); the
-verification rule then runs on those rows wherever the target runs.
+A local engine provides ``score(ids, m)``: the target's logits predicting the token after each of
+the last m+1 ids (after the context and after each of the m proposals), from one forward over what
+is not cached yet. The engine keeps its own KV cache and crops it to the common prefix with
+``ids``, so a rejection costs nothing extra. Engines: eager torch (``torch_target.py``) and
+llama.cpp (``llamacpp.py``).
+
+The decoder talks to a :class:`Verifier`: score *and* verify, so that verification runs where the
+target runs. :class:`LocalVerifier` wraps a local engine; the gRPC client (``omnidraft.rpc``) is a
+verifier whose target is on a server, and only token ids cross the wire.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
@@ -36,3 +41,84 @@ def eos_ids_of(model: Any, tokenizer: Any) -> frozenset[int]:
     if eos is None:
         return frozenset()
     return frozenset([eos] if isinstance(eos, int) else eos)
+
+
+@dataclass
+class SparseRows:
+    """What the trainer records of the target at each emitted position, computed where the target
+    runs (a remote target sends these, never logit rows): the top-k ids among a set of columns (the
+    vocabulary intersection) with their log-probs, the columns' total log-mass, the emitted token's
+    log-prob."""
+
+    topk_ids: torch.Tensor  # [n, k] int32
+    topk_logp: torch.Tensor  # [n, k] float32
+    log_mass: torch.Tensor  # [n]
+    logp_emitted: torch.Tensor  # [n]
+
+
+@dataclass
+class RowRequest:
+    """An observer's wish for per-position target log-probs (the online trainer's records)."""
+
+    columns: torch.Tensor  # [vocab] bool: the target ids to rank
+    k: int
+
+
+@dataclass
+class Verdict:
+    accepted: int  # proposals kept
+    next_token: int  # the corrected or bonus token
+    rows: torch.Tensor | SparseRows | None  # row i is the target's view before emitted token i
+
+
+class Verifier(Protocol):
+    """Scores a context plus proposals and applies the verification rule (config.verify)."""
+
+    tokenizer: Any
+    vocab_size: int
+    eos_ids: frozenset[int]
+    max_context: int
+    rules: tuple[str, ...] | None  # the rules it can run (None: every rule)
+
+    def verify(self, ids: Sequence[int], proposal: Any, config: Any, rows: RowRequest | None) -> Verdict: ...
+
+    def reset(self) -> None: ...
+
+
+def step_generator(seed: int, position: int) -> torch.Generator:
+    """The randomness of the verification step at ``position``: a function of (seed, position)
+    only, so a server that holds no state between calls samples exactly what a local run would."""
+    return torch.Generator().manual_seed((int(seed) * 1_000_003 + int(position)) % (2**63))
+
+
+class LocalVerifier:
+    """A local engine as a :class:`Verifier`: one ``score``, then the rule on its rows."""
+
+    rules = None
+
+    def __init__(self, target: Target) -> None:
+        self.target = target
+
+    def __getattr__(self, name: str) -> Any:  # tokenizer, vocab_size, eos_ids, max_context
+        return getattr(self.target, name)
+
+    def verify(self, ids: Sequence[int], proposal: Any, config: Any, rows: RowRequest | None) -> Verdict:
+        proposed = list(proposal.proposed) if proposal is not None else []
+        logits = self.target.score(list(ids) + proposed, len(proposed))
+        accepted, nxt = decide(logits, proposal, config, step_generator(config.seed, len(ids)))
+        return Verdict(accepted, nxt, logits)
+
+    def reset(self) -> None:
+        self.target.reset()
+
+
+def decide(logits: torch.Tensor, proposal: Any, config: Any, generator: torch.Generator) -> tuple[int, int]:
+    """(accepted, next token) from the target's rows: a plain step without a proposal, else the rule."""
+    from omnidraft.verify import get_rule
+    from omnidraft.verify.sampling import probs_from_logits
+
+    if proposal is None:
+        if config.temperature <= 0:
+            return 0, int(logits[0].numpy().argmax())
+        return 0, int(torch.multinomial(probs_from_logits(logits[0], config.temperature, config.top_p), 1, generator=generator))
+    return get_rule(config.verify).verify(logits, proposal, config, generator)

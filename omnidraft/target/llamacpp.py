@@ -156,12 +156,14 @@ class LlamaCppTarget:
     - ``flash_attn``: llama.cpp's flash attention (off, as in ``Llama``'s default).
     - ``batch_invariant``: verify rows bit-identical to one-token rows (see :meth:`_invariance`);
       default: whenever the installed build allows it.
+    - ``model_from``: share that target's loaded weights, with a KV cache of this one's own (the
+      gRPC server's sessions); see :meth:`session`.
     """
 
     def __init__(self, gguf_path: str | os.PathLike, tokenizer: Any, *, n_ctx: int | None = None,
                  n_threads: int | None = None, eos_ids: Iterable[int] | None = None,
                  n_batch: int = DEFAULT_N_BATCH, flash_attn: bool = False,
-                 batch_invariant: bool | None = None) -> None:
+                 batch_invariant: bool | None = None, model_from: LlamaCppTarget | None = None) -> None:
         path = Path(gguf_path).expanduser()
         check_gguf_file(path)
         lc = _llama_cpp()
@@ -176,14 +178,18 @@ class LlamaCppTarget:
         self._finalizer = weakref.finalize(self, _free, lc, handles)
 
         self.batch_invariant = self._invariance(batch_invariant)
-        mparams = lc.llama_model_default_params()
-        mparams.n_gpu_layers = 0
-        mparams.use_extra_bufts = not self.batch_invariant  # repacked weights use gemm for 4+ rows, gemv for fewer
-        _LOG.clear()
-        model = lc.llama_model_load_from_file(str(path).encode(), mparams)
-        if not model:
-            raise OmnidraftError(self._load_failure(path))
-        handles["model"] = model
+        if model_from is not None:  # a second context (another session) over the same weights
+            model = model_from._handles["model"]
+            self._owner = model_from  # the weights are freed with their owner, never before this context
+        else:
+            mparams = lc.llama_model_default_params()
+            mparams.n_gpu_layers = 0
+            mparams.use_extra_bufts = not self.batch_invariant  # repacked weights use gemm for 4+ rows, gemv for fewer
+            _LOG.clear()
+            model = lc.llama_model_load_from_file(str(path).encode(), mparams)
+            if not model:
+                raise OmnidraftError(self._load_failure(path))
+            handles["model"] = model
         self.architecture = self._meta(model, "general.architecture")
 
         self.n_ctx_train = int(lc.llama_model_n_ctx_train(model)) or DEFAULT_N_CTX
@@ -286,6 +292,12 @@ class LlamaCppTarget:
         return frozenset(ids)
 
     # ---------------------------------------------------------------------------- the target
+
+    def session(self) -> LlamaCppTarget:
+        """Another target over the same weights with its own context (KV cache)."""
+        return LlamaCppTarget(self.path, self.tokenizer, n_ctx=self.max_context, n_threads=self.n_threads,
+                              eos_ids=self.eos_ids, n_batch=self.n_batch, batch_invariant=self.batch_invariant,
+                              model_from=self)
 
     def reset(self) -> None:
         """Forget the KV cache."""

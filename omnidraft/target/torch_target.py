@@ -24,5 +24,9 @@ class TorchTarget:
     def score(self, ids: Sequence[int], num_proposed: int) -> torch.Tensor:
         return self.lm.logits_for(ids, keep=num_proposed + 1)
 
+    def session(self) -> TorchTarget:
+        """Another target over the same weights with a KV cache of its own (the gRPC server's sessions)."""
+        return TorchTarget(self.model, self.tokenizer)
+
     def reset(self) -> None:
         self.lm.reset()

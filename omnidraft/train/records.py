@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import torch
 
 from omnidraft.decode import DecodeObserver
+from omnidraft.target.base import RowRequest, SparseRows
 from omnidraft.vocab.bridge import VocabBridge
 
 DEFAULT_MAX_LEN = 1024  # drafter tokens per training sequence; older context is cut on the left
@@ -55,11 +56,15 @@ class Record:
 
 
 class Recorder(DecodeObserver):
-    """Collects a :class:`Record` per request from the decode loop's logits; hands it to ``sink``."""
+    """Collects a :class:`Record` per request from the decode loop's rows; hands it to ``sink``.
+
+    A local target hands the loop logit rows and the recorder ranks them; a remote target ranks
+    them where it runs (``row_request`` tells it the columns and k) and sends only the result."""
 
     def __init__(self, intersection: torch.Tensor, sink: Callable[[Record], None], top_k: int = 64) -> None:
         self.columns = torch.nonzero(intersection).flatten()  # target ids with a drafter partner
         self.top_k = min(top_k, len(self.columns))
+        self.row_request = RowRequest(intersection.bool(), self.top_k)
         self.sink = sink
         self._prompt: list[int] = []
         self._rows: list[tuple[list[int], torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = []
@@ -68,16 +73,16 @@ class Recorder(DecodeObserver):
         self._prompt, self._rows = list(prompt_ids), []
 
     @torch.inference_mode()
-    def on_step(self, logits: torch.Tensor, emitted: Sequence[int]) -> None:
+    def on_step(self, logits: torch.Tensor | SparseRows, emitted: Sequence[int]) -> None:
         """``logits[i]`` is the target's row that predicted ``emitted[i]`` (one batched op per step)."""
         if not emitted:
             return
-        logp = logits[: len(emitted)].float().log_softmax(-1)
-        inter = logp[:, self.columns]
-        top_logp, top_pos = inter.topk(self.top_k, dim=-1)
-        emitted_t = torch.tensor(list(emitted), dtype=torch.long)
-        self._rows.append((list(emitted), self.columns[top_pos].to(torch.int32), top_logp,
-                           inter.logsumexp(-1), logp.gather(1, emitted_t[:, None]).squeeze(1)))
+        n = len(emitted)
+        if isinstance(logits, SparseRows):
+            self._rows.append((list(emitted), logits.topk_ids[:n].to(torch.int32), logits.topk_logp[:n],
+                               logits.log_mass[:n], logits.logp_emitted[:n]))
+            return
+        self._rows.append((list(emitted), *sparse_rows(logits[:n], emitted, self.columns, self.top_k)))
 
     def on_finish(self) -> None:
         self.finish()
@@ -91,6 +96,16 @@ class Recorder(DecodeObserver):
                         torch.cat([r[2] for r in rows]), torch.cat([r[3] for r in rows]), torch.cat([r[4] for r in rows]))
         self.sink(record)
         return record
+
+
+def sparse_rows(logits: torch.Tensor, emitted: Sequence[int], columns: torch.Tensor, k: int):
+    """(top-k column ids int32, their log p, log mass of the columns, log p of each emitted token)."""
+    logp = logits.float().log_softmax(-1)
+    inter = logp[:, columns]
+    top_logp, top_pos = inter.topk(k, dim=-1)
+    emitted_t = torch.tensor(list(emitted), dtype=torch.long)
+    return (columns[top_pos].to(torch.int32), top_logp, inter.logsumexp(-1),
+            logp.gather(1, emitted_t[:, None]).squeeze(1))
 
 
 @dataclass

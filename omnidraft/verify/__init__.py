@@ -40,6 +40,9 @@ RULES: dict[str, RuleInfo] = {
                  summary="rejection sampling with q' of eq. (2), n-gram merges included"),
         RuleInfo("tli", "omnidraft.verify.rejection:RejectionSampling", sampling=True, exact=True, translations=("tokens",),
                  uses_ngrams=False, keeps_q=True, summary="token-level intersection: rejection sampling over shared tokens"),
+        RuleInfo("text-sample", "omnidraft.verify.rejection:DeterministicDraftSampling", sampling=True, exact=True,
+                 translations=("text", "tokens"), uses_ngrams=True, keeps_q=False,
+                 summary="exact sampling of the drafter's greedy text draft (q = δ): any target token, ids only"),
     )
 }
 VERIFIERS = tuple(RULES)

@@ -55,3 +55,33 @@ class RejectionSampling:
         translator, draft, tr = proposal.translator, proposal.draft, proposal.translation
         return sample_verify(p, proposal.proposed, lambda i: translator.draft_target_probs(draft, tr, i), generator,
                              translator.null_proposal(draft, tr, len(proposal.proposed)))
+
+
+def deterministic_verify(target_probs: torch.Tensor, proposed: Sequence[int], generator: torch.Generator) -> tuple[int, int]:
+    """Rejection sampling of a deterministic draft, q = δ(t_i) at every position.
+
+    Speculative sampling with a point-mass proposal: accept t_i with probability min(1, p(t_i)/1) =
+    p(t_i); on rejection the residual norm(max(0, p - δ(t_i))) is p with t_i removed and
+    renormalised; after m acceptances the bonus token comes from p_{m+1}. Each emitted token is then
+    distributed exactly as the target's p, whatever the drafter proposed, so the draft can be
+    anything deterministic: the drafter's argmax through text translation (any target token), a
+    lookup in the context, or a remote draft that sends only ids.
+    """
+    for i, tok in enumerate(proposed):
+        p_tok = float(target_probs[i, tok])
+        if torch.rand((), generator=generator).item() < p_tok:
+            continue
+        residual = target_probs[i].clone()
+        residual[tok] = 0.0
+        total = float(residual.sum())
+        dist = residual / total if total > 0 else target_probs[i]  # all of p on t (float rounding): t itself
+        return i, int(torch.multinomial(dist, 1, generator=generator))
+    return len(proposed), int(torch.multinomial(target_probs[len(proposed)], 1, generator=generator))
+
+
+class DeterministicDraftSampling:
+    """The ``text-sample`` rule: exact sampling with the drafter's greedy proposals (see above)."""
+
+    def verify(self, logits: torch.Tensor, proposal, config, generator: torch.Generator) -> tuple[int, int]:
+        p = probs_from_logits(logits, config.temperature, config.top_p)
+        return deterministic_verify(p, proposal.proposed, generator)

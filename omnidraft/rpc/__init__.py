@@ -1,0 +1,22 @@
+"""The target on a server: ``omnidraft serve`` (``server.py``) and the ``grpc://`` client (``client.py``),
+over the service in ``target.proto``. Importing this package loads neither grpc nor torch."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from omnidraft.errors import OmnidraftError
+
+
+def read_token(token_file: str | None) -> str | None:
+    """The auth token from --token-file, else $OMNIDRAFT_TOKEN (never from the command line)."""
+    if token_file:
+        try:
+            token = Path(token_file).expanduser().read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise OmnidraftError(f"cannot read --token-file {token_file}: {getattr(exc, 'strerror', None) or exc}") from None
+        if not token:
+            raise OmnidraftError(f"--token-file {token_file} is empty")
+        return token
+    return os.environ.get("OMNIDRAFT_TOKEN") or None

@@ -1,0 +1,335 @@
+"""``omnidraft serve``: the target on a server, behind gRPC; the drafter stays on the device.
+
+One ``Verify`` call is one step of the loop's target half: append context, score it with the
+proposals in one forward, verify them by the rule, reply with the number accepted and the next
+token (and, for the online trainer, sparse log-probs of each emitted position). Only token ids
+cross the wire, never logit rows.
+
+Sessions hold a target KV cache each (engines share the weights). They are a cache, not the truth:
+an unknown or evicted session, or a client that believes the session holds more than it does,
+gets FAILED_PRECONDITION and resends its whole context, so any replica can serve any call. The
+table is LRU-bounded (``max_sessions``) with an idle timeout. Every request is validated before
+any model work (sizes: RESOURCE_EXHAUSTED; ids, rules, numbers: INVALID_ARGUMENT), one forward
+runs at a time (the CPU has no more to give), and a SIGTERM drains: health goes NOT_SERVING,
+calls in flight finish, new ones are refused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import io
+import math
+import tempfile
+import threading
+import time
+import zipfile
+from collections import OrderedDict
+from concurrent import futures
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import grpc
+import torch
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from omnidraft.console import notice
+from omnidraft.errors import OmnidraftError
+from omnidraft.rpc.proto import SERVICE_NAME, pb, services
+from omnidraft.target.base import decide, step_generator
+
+RULES = ("greedy", "text-sample")  # the rules that need nothing of the drafter but ids
+DEFAULT_PORT = 50551
+DEFAULT_MAX_SESSIONS = 8
+DEFAULT_MAX_DRAFT = 32
+MAX_LOGPROBS = 256
+SESSION_IDLE_S = 600.0
+TOKENIZER_CHUNK = 1 << 20
+MAX_SESSION_ID = 128
+
+
+@dataclass
+class Session:
+    target: Any  # an engine with its own KV cache over the server's weights
+    ids: list[int] = field(default_factory=list)  # what it holds: context + emitted tokens
+    columns: torch.Tensor | None = None  # the trainer's log-prob columns, once sent
+    columns_sha256: str = ""
+    last_used: float = field(default_factory=time.monotonic)
+
+
+class Refused(Exception):
+    """A request answered with a status code and a one-line reason."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class TargetService(services.TargetServicer):
+    def __init__(self, target: Any, spec: str, engine: str, *, max_sessions: int = DEFAULT_MAX_SESSIONS,
+                 max_context: int | None = None, max_draft: int = DEFAULT_MAX_DRAFT, model_sha256: str = "") -> None:
+        self.base, self.spec, self.engine = target, spec, engine
+        self.max_sessions, self.max_draft = max_sessions, max_draft
+        self.max_context = min(max_context or target.max_context, target.max_context)
+        self.model_sha256 = model_sha256
+        self.sessions: OrderedDict[str, Session] = OrderedDict()
+        self.table_lock = threading.Lock()
+        self.compute_lock = threading.Lock()  # one forward at a time: two would only share the cores
+        self.tokenizer_zip = _zip_tokenizer(target.tokenizer)
+        self.tokenizer_sha256 = hashlib.sha256(self.tokenizer_zip).hexdigest()
+        self.mask_bytes = (target.vocab_size + 7) // 8
+        self.verifies = 0
+
+    # ---- RPCs
+
+    def Info(self, request, context):
+        return pb.InfoReply(spec=self.spec, model_sha256=self.model_sha256, engine=self.engine,
+                            vocab_size=self.base.vocab_size, eos_ids=sorted(self.base.eos_ids),
+                            max_context=self.max_context, max_draft=self.max_draft,
+                            tokenizer_sha256=self.tokenizer_sha256, tokenizer_bytes=len(self.tokenizer_zip),
+                            rules=list(RULES), max_logprobs=MAX_LOGPROBS)
+
+    def Tokenizer(self, request, context):
+        for start in range(0, len(self.tokenizer_zip), TOKENIZER_CHUNK):
+            yield pb.TokenizerChunk(data=self.tokenizer_zip[start:start + TOKENIZER_CHUNK])
+
+    def Close(self, request, context):
+        with self.table_lock:
+            return pb.CloseReply(closed=self.sessions.pop(request.session_id, None) is not None)
+
+    def Verify(self, request, context):
+        try:
+            self._check(request)
+            session = self._session(request)
+            context_ids = session.ids[: request.prefix_len] + list(request.append)
+            if len(context_ids) + len(request.proposed) + 1 > self.max_context:
+                raise Refused(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                              f"context {len(context_ids)} + {len(request.proposed)} proposals exceed the "
+                              f"{self.max_context}-token limit of a session")
+            columns = self._columns(session, request)
+            config = SimpleNamespace(verify=request.rule or "greedy", temperature=float(request.temperature),
+                                     top_p=float(request.top_p) or 1.0, seed=int(request.seed))
+            proposed = list(request.proposed)
+            with self.compute_lock:
+                logits = session.target.score(context_ids + proposed, len(proposed))
+            proposal = SimpleNamespace(proposed=proposed) if proposed else None
+            accepted, nxt = decide(logits, proposal, config, step_generator(config.seed, len(context_ids)))
+            emitted = proposed[:accepted] + [nxt]
+            session.ids = context_ids + emitted
+            reply = pb.VerifyReply(accepted=accepted, next_token=nxt, held=len(session.ids))
+            if request.logprobs_k:
+                reply.rows.extend(_rows(logits[: len(emitted)], emitted, columns, request.logprobs_k))
+            self.verifies += 1
+            return reply
+        except Refused as exc:
+            context.abort(exc.code, str(exc))
+
+    # ---- validation, before any model work
+
+    def _check(self, r) -> None:
+        bad = grpc.StatusCode.INVALID_ARGUMENT
+        if not r.session_id or len(r.session_id) > MAX_SESSION_ID:
+            raise Refused(bad, f"session_id must be 1..{MAX_SESSION_ID} characters")
+        if r.prefix_len < 0:
+            raise Refused(bad, "prefix_len must be >= 0")
+        if r.prefix_len + len(r.append) > self.max_context:
+            raise Refused(grpc.StatusCode.RESOURCE_EXHAUSTED, f"context over the {self.max_context}-token limit")
+        if len(r.proposed) > self.max_draft:
+            raise Refused(grpc.StatusCode.RESOURCE_EXHAUSTED, f"{len(r.proposed)} proposals, at most {self.max_draft}")
+        vocab = self.base.vocab_size
+        if any(t < 0 or t >= vocab for t in r.append) or any(t < 0 or t >= vocab for t in r.proposed):
+            raise Refused(bad, f"token ids must be in [0, {vocab})")
+        if r.prefix_len + len(r.append) == 0:
+            raise Refused(bad, "the context is empty")
+        if (r.rule or "greedy") not in RULES:
+            raise Refused(bad, f"unknown rule {r.rule!r}; this server verifies {', '.join(RULES)}")
+        if not math.isfinite(r.temperature) or not 0 <= r.temperature <= 100:
+            raise Refused(bad, "temperature must be a finite number in [0, 100]")
+        if not math.isfinite(r.top_p) or not 0 <= r.top_p <= 1:
+            raise Refused(bad, "top_p must be in (0, 1] (0: default 1)")
+        if (r.rule == "text-sample") != (r.temperature > 0):
+            raise Refused(bad, "text-sample needs a temperature above 0, greedy a temperature of 0")
+        if not 0 <= r.logprobs_k <= MAX_LOGPROBS:
+            raise Refused(bad, f"logprobs_k must be in [0, {MAX_LOGPROBS}]")
+        if r.logprob_columns and len(r.logprob_columns) != self.mask_bytes:
+            raise Refused(bad, f"logprob_columns must be a {self.mask_bytes}-byte bitmask")
+
+    # ---- sessions
+
+    def _session(self, r) -> Session:
+        now = time.monotonic()
+        with self.table_lock:
+            for sid in [s for s, sess in self.sessions.items() if now - sess.last_used > SESSION_IDLE_S]:
+                del self.sessions[sid]  # idle too long: its KV cache goes
+            session = self.sessions.get(r.session_id)
+            if session is None:
+                if r.prefix_len:
+                    raise Refused(grpc.StatusCode.FAILED_PRECONDITION, "unknown session: resend the whole context")
+                if len(self.sessions) >= self.max_sessions:
+                    self.sessions.popitem(last=False)  # the least recently used
+                session = self.sessions[r.session_id] = Session(self.base.session())
+            elif r.prefix_len > len(session.ids):
+                raise Refused(grpc.StatusCode.FAILED_PRECONDITION,
+                              f"prefix mismatch: the session holds {len(session.ids)} tokens, not {r.prefix_len}")
+            self.sessions.move_to_end(r.session_id)
+            session.last_used = now
+            return session
+
+    def _columns(self, session: Session, r) -> torch.Tensor | None:
+        if not r.logprobs_k:
+            return None
+        if r.logprob_columns:
+            bits = torch.frombuffer(bytearray(r.logprob_columns), dtype=torch.uint8)
+            mask = ((bits[:, None] >> torch.arange(8, dtype=torch.uint8)) & 1).flatten()[: self.base.vocab_size].bool()
+            session.columns, session.columns_sha256 = torch.nonzero(mask).flatten(), hashlib.sha256(r.logprob_columns).hexdigest()
+        if session.columns is None or (r.logprob_columns_sha256 and r.logprob_columns_sha256 != session.columns_sha256):
+            raise Refused(grpc.StatusCode.FAILED_PRECONDITION, "the session has no log-prob columns: resend them")
+        if r.logprobs_k > len(session.columns):
+            raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "logprobs_k exceeds the number of columns")
+        return session.columns
+
+
+class Malformed:
+    """What a request that is not a valid message deserializes to (answered INVALID_ARGUMENT)."""
+
+
+def _lenient(message_type):
+    def parse(data: bytes):
+        try:
+            return message_type.FromString(data)
+        except Exception:  # noqa: BLE001 - any bytes may arrive; none may take the server down
+            return Malformed()
+
+    return parse
+
+
+def _checked(method):
+    """Refuse a malformed message before the method sees it."""
+    def handler(request, context):
+        if isinstance(request, Malformed):
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the request is not a valid message")
+        return method(request, context)
+
+    return handler
+
+
+def _handlers(service: TargetService) -> grpc.GenericRpcHandler:
+    """The service's methods with lenient parsing (generated registration would answer INTERNAL)."""
+    unary = {"Info": (pb.InfoRequest, pb.InfoReply), "Verify": (pb.VerifyRequest, pb.VerifyReply),
+             "Close": (pb.CloseRequest, pb.CloseReply)}
+    table = {name: grpc.unary_unary_rpc_method_handler(_checked(getattr(service, name)), request_deserializer=_lenient(req),
+                                                       response_serializer=rep.SerializeToString)
+             for name, (req, rep) in unary.items()}
+    table["Tokenizer"] = grpc.unary_stream_rpc_method_handler(
+        _checked(service.Tokenizer), request_deserializer=_lenient(pb.TokenizerRequest),
+        response_serializer=pb.TokenizerChunk.SerializeToString)
+    return grpc.method_handlers_generic_handler(SERVICE_NAME, table)
+
+
+def _rows(logits: torch.Tensor, emitted: list[int], columns: torch.Tensor, k: int) -> list:
+    from omnidraft.train.records import sparse_rows
+
+    ids, logp, mass, emitted_logp = sparse_rows(logits, emitted, columns, k)
+    return [pb.Row(ids=ids[i].tolist(), logprobs=logp[i].tolist(), log_mass=float(mass[i]),
+                   logp_emitted=float(emitted_logp[i])) for i in range(len(emitted))]
+
+
+def _zip_tokenizer(tokenizer: Any) -> bytes:
+    """The tokenizer's files as one deterministic zip (its sha256 names it in the client's cache)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        tokenizer.save_pretrained(tmp)
+        buf = io.BytesIO()
+        with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
+            for path in sorted(Path(tmp).iterdir()):
+                info = zipfile.ZipInfo(path.name, date_time=(2020, 1, 1, 0, 0, 0))
+                zf.writestr(info, path.read_bytes(), zipfile.ZIP_DEFLATED)
+        return buf.getvalue()
+
+
+class TokenAuth(grpc.ServerInterceptor):
+    """``authorization: Bearer <token>`` on every call (health and reflection included), compared in
+    constant time; anything else is UNAUTHENTICATED before a handler runs."""
+
+    def __init__(self, token: str) -> None:
+        self.expected = f"Bearer {token}".encode()
+
+    def intercept_service(self, continuation, details):
+        given = dict(details.invocation_metadata or ()).get("authorization", "")
+        handler = continuation(details)
+        if handler is None or hmac.compare_digest(given.encode(), self.expected):
+            return handler
+        return _denied(handler)
+
+
+def _denied(handler):
+    """A handler of the same shape as ``handler`` that only says UNAUTHENTICATED."""
+    def deny(request, context):
+        context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong token")
+
+    def deny_stream(request, context):
+        deny(request, context)
+        yield from ()
+
+    kind = ("unary_unary" if handler.unary_unary else "unary_stream" if handler.unary_stream
+            else "stream_unary" if handler.stream_unary else "stream_stream")
+    fn = deny_stream if kind.endswith("stream") else deny
+    make = getattr(grpc, f"{kind}_rpc_method_handler")
+    return make(fn, request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer)
+
+
+@dataclass
+class Served:
+    server: grpc.Server
+    port: int
+    health: health.HealthServicer
+    service: TargetService
+
+    def drain(self, grace: float = 30.0) -> None:
+        """NOT_SERVING first, so load balancers stop sending; calls in flight finish; new ones are refused."""
+        self.health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
+        self.health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.NOT_SERVING)
+        self.server.stop(grace).wait()
+        with self.service.compute_lock:  # a handler past its grace may still be computing: let it finish
+            with self.service.table_lock:
+                self.service.sessions.clear()  # their KV caches go before the weights they point at
+
+
+LOOPBACK = ("127.0.0.1", "::1", "localhost")
+
+
+def serve(target: Any, spec: str, engine: str, *, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
+          token: str | None = None, tls: tuple[bytes, bytes] | None = None, insecure: bool = False,
+          max_sessions: int = DEFAULT_MAX_SESSIONS, max_context: int | None = None,
+          max_draft: int = DEFAULT_MAX_DRAFT, model_sha256: str = "", workers: int = 16) -> Served:
+    """Start the service on ``host:port`` (0: any free port) and return it running."""
+    if host not in LOOPBACK and not (token or tls) and not insecure:
+        raise OmnidraftError(f"refusing to serve on {host} without a token or TLS: anyone who reaches it could use "
+                             "the target; give --token-file / $OMNIDRAFT_TOKEN or --tls-cert/--tls-key, or --insecure")
+    service = TargetService(target, spec, engine, max_sessions=max_sessions, max_context=max_context,
+                            max_draft=max_draft, model_sha256=model_sha256)
+    options = [("grpc.max_receive_message_length", 8 << 20), ("grpc.max_send_message_length", 8 << 20)]
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers), options=options,
+                         interceptors=[TokenAuth(token)] if token else [])
+    server.add_generic_rpc_handlers((_handlers(service),))
+    health_servicer = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    try:
+        bound = server.add_secure_port(address, grpc.ssl_server_credentials([tls[::-1]])) if tls \
+            else server.add_insecure_port(address)
+    except RuntimeError as exc:
+        raise OmnidraftError(f"cannot listen on {address}: {exc}") from None
+    if not bound:
+        raise OmnidraftError(f"cannot listen on {address}: the port is taken or the address is not this machine's")
+    server.start()
+    for name in ("", SERVICE_NAME):
+        health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    return Served(server, bound, health_servicer, service)
+
+
+def log_start(served: Served, host: str) -> None:
+    notice(f"serving {served.service.spec} ({served.service.engine}) on {host}:{served.port}; Ctrl-C or SIGTERM drains")

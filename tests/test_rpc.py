@@ -1,0 +1,241 @@
+"""The target behind gRPC: a real server on 127.0.0.1 (port 0) with the real Qwen2.5-Coder-0.5B, the
+real client as the decoder's verifier, and the CLI (`omnidraft serve`, `--target grpc://…`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import grpc
+import pytest
+from conftest import DRAFTER, TEST_HOME
+
+from omnidraft import models
+from omnidraft.config import DecodeConfig
+from omnidraft.decode import SpeculativeDecoder
+from omnidraft.errors import OmnidraftError
+from omnidraft.runtime import encode_prompt, make_drafter
+from omnidraft.vocab.bridge import VocabBridge
+
+TARGET = "builtin:qwen2.5-coder-0.5b"
+TOKEN = "s3cret-token-for-tests"
+PROMPTS = [("Write a Python function that returns the n-th Fibonacci number.", True), ("def merge_sort(xs):\n", False)]
+
+
+@pytest.fixture(scope="module")
+def local_target():
+    from omnidraft.target.llamacpp import LlamaCppTarget
+
+    tok = models.load_tokenizer(TARGET, TEST_HOME, progress=False)
+    target = LlamaCppTarget(models.gguf_of(TARGET, TEST_HOME, progress=False), tok, n_ctx=2048)
+    yield target
+    target.close()
+
+
+@pytest.fixture(scope="module")
+def server(local_target):
+    from omnidraft.rpc.server import serve
+
+    served = serve(local_target, TARGET, "llamacpp", port=0, token=TOKEN, max_sessions=2)
+    yield served
+    served.drain(grace=1)
+
+
+def remote(server, home, **kw):
+    from omnidraft.rpc.client import RemoteTarget
+
+    return RemoteTarget(f"grpc://127.0.0.1:{server.port}", token=kw.pop("token", TOKEN), home=home, **kw)
+
+
+def decoder_for(target, real_models):
+    d_model, d_tok = real_models(DRAFTER)
+    bridge = VocabBridge(d_tok, target.tokenizer, int(d_model.get_output_embeddings().weight.shape[0]), target.vocab_size)
+    return SpeculativeDecoder(target, make_drafter(d_model, bridge, target), bridge)
+
+
+FORCED = dict(max_new_tokens=32, draft_len=4, draft_stop="fixed")  # every step drafts: every step a Verify
+
+
+@pytest.mark.real
+@pytest.mark.parametrize("config", [DecodeConfig(**FORCED), DecodeConfig(**FORCED, verify="text-sample", temperature=0.8, seed=7)],
+                         ids=["greedy", "text-sample"])
+def test_output_through_the_server_is_the_local_output(server, local_target, real_models, tmp_path, config):
+    client = remote(server, tmp_path)
+    assert client.tokenizer.get_vocab() == local_target.tokenizer.get_vocab()  # fetched from the server, checked
+    through, local = decoder_for(client, real_models), decoder_for(local_target, real_models)
+    for text, chat in PROMPTS:
+        ids = encode_prompt(local_target.tokenizer, text, chat=chat)
+        assert through.generate(ids, config).token_ids == local.generate(ids, config).token_ids
+        assert through.stats.target_forwards < through.stats.new_tokens  # more than one token per round trip
+    per_token = client.bytes_sent / max(through.stats.new_tokens, 1)
+    assert 0 < per_token < 200 and client.calls > 0  # token ids, never logit rows (a row is 600 KB)
+    client.close()
+
+
+@pytest.mark.real
+def test_a_wrong_or_missing_token_is_unauthenticated(server, tmp_path):
+    for token in ("wrong", None):
+        with pytest.raises(OmnidraftError, match="refused the token"):
+            remote(server, tmp_path, token=token)
+    channel = grpc.insecure_channel(f"127.0.0.1:{server.port}")
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    with pytest.raises(grpc.RpcError) as err:
+        health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
+    assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED  # health and reflection need the token too
+
+
+@pytest.mark.real
+def test_an_evicted_session_is_resumed_transparently(server, local_target, real_models, tmp_path):
+    a, b, c = (remote(server, tmp_path) for _ in range(3))  # the server keeps 2 sessions: each call evicts one
+    ids = encode_prompt(local_target.tokenizer, "def add(a, b):\n")
+    config = DecodeConfig(**FORCED)
+    expected = decoder_for(local_target, real_models).generate(ids, config).token_ids
+    for client in (a, b, c, a, b, c):
+        assert decoder_for(client, real_models).generate(ids, config).token_ids == expected
+
+
+@pytest.mark.real
+def test_a_tiny_deadline_is_one_clear_line(server, tmp_path):
+    client = remote(server, tmp_path)
+    client.deadline_s = 0.001
+    with pytest.raises(OmnidraftError, match="deadline exceeded"):
+        client.verify(list(range(100, 300)), None, DecodeConfig(), None)
+
+
+@pytest.mark.real
+def test_malformed_and_hostile_requests_leave_the_server_up(server, local_target, tmp_path):
+    """A bounded fuzz run: random bytes, out-of-range ids, huge drafts, unknown sessions, bad numbers."""
+    from omnidraft.rpc.proto import pb, services
+
+    channel = grpc.insecure_channel(f"127.0.0.1:{server.port}")
+    stub = services.TargetStub(channel)
+    md = (("authorization", f"Bearer {TOKEN}"),)
+    raw = channel.unary_unary("/omnidraft.v1.Target/Verify")  # bytes in, no serializer: the server must parse
+    rng = random.Random(2026)
+    vocab = local_target.vocab_size
+    codes: dict[str, int] = {}
+    start = time.monotonic()
+    for i in range(300):
+        kind = i % 6
+        try:
+            if kind == 0:
+                raw(rng.randbytes(rng.randrange(1, 400)), timeout=10, metadata=md)
+            else:
+                req = pb.VerifyRequest(session_id=rng.choice(["", "x" * 500, f"s{i}"]), prefix_len=rng.choice([0, 0, 5, -3, 10**12]),
+                                       append=[rng.choice([1, -1, vocab, 2**31 - 1, 100]) for _ in range(rng.randrange(0, 5))],
+                                       proposed=[rng.randrange(-5, vocab + 5) for _ in range(rng.choice([0, 3, 500]))],
+                                       rule=rng.choice(["greedy", "text-sample", "bogus", ""]),
+                                       temperature=rng.choice([0.0, 0.7, float("nan"), float("inf"), -1.0]),
+                                       top_p=rng.choice([0.0, 1.0, 2.0, float("nan")]), logprobs_k=rng.choice([0, 5, 10**6]),
+                                       logprob_columns=rng.choice([b"", b"\x01" * 3]))
+                stub.Verify(req, timeout=10, metadata=md)
+            codes["OK"] = codes.get("OK", 0) + 1
+        except grpc.RpcError as exc:
+            codes[exc.code().name] = codes.get(exc.code().name, 0) + 1
+    print(f"fuzz: 300 requests in {time.monotonic() - start:.1f}s -> {codes}")
+    assert "UNKNOWN" not in codes and "INTERNAL" not in codes and set(codes) <= {
+        "OK", "INVALID_ARGUMENT", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION"}
+    client = remote(server, tmp_path)  # and it still serves correct output
+    ids = encode_prompt(local_target.tokenizer, "print('hello')")
+    assert SpeculativeDecoder(client).generate(ids, DecodeConfig(max_new_tokens=8)).token_ids == \
+        SpeculativeDecoder(local_target).generate(ids, DecodeConfig(max_new_tokens=8)).token_ids
+
+
+# ---- the CLI: a server process
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _serve(port: int, *args: str) -> subprocess.Popen:
+    env = dict(os.environ, OMNIDRAFT_HOME=str(TEST_HOME), OMNIDRAFT_TOKEN=TOKEN)
+    proc = subprocess.Popen([sys.executable, "-m", "omnidraft", "serve", "--port", str(port), *args],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return proc
+        except OSError:
+            if proc.poll() is not None:
+                raise AssertionError(proc.stderr.read())
+            time.sleep(0.2)
+    raise AssertionError("the server did not start")
+
+
+def _client_cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    env = dict(os.environ, OMNIDRAFT_HOME=str(TEST_HOME), OMNIDRAFT_TOKEN=TOKEN)
+    return subprocess.run([sys.executable, "-m", "omnidraft", *args], env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.mark.real
+def test_cli_serve_generate_sigkill_restart_and_sigterm_drain(tmp_path):
+    port = _free_port()
+    server = _serve(port)
+    url = f"grpc://127.0.0.1:{port}"
+    try:
+        args = ["generate", "--target", url, "--prompt", "def fib(n):\n", "--max-new-tokens", "24", "--json"]
+        first = _client_cli(*args)
+        assert first.returncode == 0, first.stderr
+        local = _client_cli("generate", "--prompt", "def fib(n):\n", "--max-new-tokens", "24", "--json", "--drafter", "none")
+        assert json.loads(first.stdout)["token_ids"] == json.loads(local.stdout)["token_ids"]
+
+        # SIGKILL mid-generation, a new server on the same port: the client resends and finishes the same
+        slow = subprocess.Popen([sys.executable, "-m", "omnidraft", *args[:-3], "--max-new-tokens", "96", "--json",
+                                 "--draft-stop", "fixed", "--draft-len", "2"],
+                                env=dict(os.environ, OMNIDRAFT_HOME=str(TEST_HOME), OMNIDRAFT_TOKEN=TOKEN),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(8)
+        server.send_signal(signal.SIGKILL)
+        server.wait(30)
+        server = _serve(port)
+        out, err = slow.communicate(timeout=600)
+        if slow.returncode == 0:
+            expected = _client_cli("generate", "--prompt", "def fib(n):\n", "--max-new-tokens", "96", "--json",
+                                   "--drafter", "none")
+            assert json.loads(out)["token_ids"] == json.loads(expected.stdout)["token_ids"]
+        else:  # the retry budget ran out first: one clear line
+            lines = [ln for ln in err.splitlines() if ln.startswith("omnidraft: error:")]
+            assert slow.returncode == 2 and len(lines) == 1 and "Traceback" not in err, err
+
+        # SIGTERM drains: the server exits 0 and says so
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(60) == 0 and "drained" in server.stdout.read()
+    finally:
+        if server.poll() is None:
+            server.kill()
+
+
+def test_a_public_address_without_a_token_is_refused():
+    from test_cli import assert_one_line_error
+
+    env = dict(os.environ, OMNIDRAFT_HOME=str(TEST_HOME))
+    env.pop("OMNIDRAFT_TOKEN", None)
+    proc = subprocess.run([sys.executable, "-m", "omnidraft", "serve", "--host", "0.0.0.0", "--port", "0"],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert_one_line_error(proc, "without a token or TLS")
+
+
+@pytest.mark.real
+def test_adapt_against_a_remote_target_produces_an_adapter(server, tmp_path):
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "models").symlink_to(TEST_HOME / "models", target_is_directory=True)
+    env = dict(os.environ, OMNIDRAFT_HOME=str(home), OMNIDRAFT_TOKEN=TOKEN)
+    proc = subprocess.run([sys.executable, "-m", "omnidraft", "adapt", "--target", f"grpc://127.0.0.1:{server.port}",
+                           "--stream", "humaneval", "--n", "2", "--interval", "2", "--max-new-tokens", "16", "--json"],
+                          env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    summary = json.loads(proc.stdout)
+    assert summary["updates"] == 1 and summary["trainer_errors"] == [] and summary["adapter"]
