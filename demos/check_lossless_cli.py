@@ -1,8 +1,15 @@
 """Check: `omnidraft generate --verify greedy` equals plain transformers greedy on unseen prompts, both targets (run after setup; state under $OMNIDRAFT_HOME or the cwd)."""
-import json, os, subprocess, sys, torch
+import json
+import os
+import subprocess
+import sys
+
+import torch
+
 torch.set_num_threads(2)
 from omnidraft import models
 from omnidraft.runtime import encode_prompt
+
 H = os.environ.get("OMNIDRAFT_HOME", os.getcwd())
 prompts = [("Write a haiku about compilers.", True), ("import numpy as np\n\ndef moving_average(x, w):\n", False),
            ("Les trois plus grandes villes de France sont", False)]

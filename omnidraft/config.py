@@ -31,6 +31,9 @@ class DecodeConfig:
     top_p: float = 1.0
     seed: int = 0
     use_ngram: bool = True
+    # Prompt lookup beside the drafter: copy the continuation of the longest earlier match of the
+    # last tokens when the draft policy expects it to pay (greedy and text-sample rules).
+    lookup: bool = True
     # Stop drafting once the drafter's probability for its own token falls below this (0: never).
     # A cheap stand-in for the learned acceptance head: a doubtful token is rarely accepted, and
     # every token drafted after it is wasted drafter time.

@@ -20,6 +20,7 @@ from omnidraft.config import DecodeConfig
 from omnidraft.console import Utf8Stream
 from omnidraft.drafter import Draft, Drafter, DraftPolicy, Sampler
 from omnidraft.drafter.budget import DraftBudget
+from omnidraft.drafter.lookup import LookupIndex
 from omnidraft.drafter.policy import stop_rule
 from omnidraft.errors import OmnidraftError
 from omnidraft.ngram.trie import NgramCache, NgramTrie
@@ -29,6 +30,9 @@ from omnidraft.verify import rule_info
 from omnidraft.vocab.bridge import Translation, VocabBridge
 from omnidraft.vocab.reverse import DrafterContext
 from omnidraft.vocab.translate import TextTranslator, TokenTranslator, Translator
+
+LOOKUP_RULES = ("greedy", "text-sample")  # rules that verify a deterministic draft of target ids
+LOOKUP_MAX = 16  # most tokens a lookup draft copies (it costs nothing to draft; the policy cuts it)
 
 
 @dataclass
@@ -41,6 +45,9 @@ class DecodeStats:
     steps: int = 0
     target_forwards: int = 0
     plain_steps: int = 0  # steps where the draft policy chose not to draft (it would not have paid)
+    lookup_steps: int = 0  # steps that verified a prompt-lookup draft
+    lookup_proposed: int = 0
+    lookup_accepted: int = 0
     drafted_tokens: int = 0
     proposed_tokens: int = 0
     accepted_tokens: int = 0
@@ -134,7 +141,9 @@ class SpeculativeDecoder:
     """Target (+ optional drafter and bridge) with the loop as a generator and as a call."""
 
     def __init__(self, target: Target, drafter: Drafter | None = None,
-                 bridge: VocabBridge | None = None, ngrams: NgramCache | None = None) -> None:
+                 bridge: VocabBridge | None = None, ngrams: NgramCache | None = None, lookup: bool | None = None) -> None:
+        """``lookup``: draft by prompt lookup where the config allows it (default: when there is a
+        drafter, so the target alone stays the baseline; True: lookup alone without a drafter)."""
         if (drafter is None) != (bridge is None):
             raise ValueError("a drafter needs a vocabulary bridge and vice versa")
         self.target, self.drafter, self.bridge = target, drafter, bridge
@@ -146,6 +155,8 @@ class SpeculativeDecoder:
         self._token_bytes: list[bytes | None] | None = None
         self._translators: dict[tuple, Translator] = {}
         self.budget = DraftBudget()  # measured costs and acceptance, kept across requests
+        self.use_lookup = drafter is not None if lookup is None else lookup
+        self.lookup = LookupIndex()
 
     # ---- public API ----------------------------------------------------------------------------
     def generate(self, prompt_ids: Sequence[int], config: DecodeConfig) -> DecodeResult:
@@ -189,8 +200,10 @@ class SpeculativeDecoder:
         ids = list(prompt_ids)
         ctx = DrafterContext(self.bridge, ids) if plan is not None else None
         stale = False
-        if plan is not None and plan.budget is not None and not plan.budget.measured:
-            plan.budget.measure(self.verifier, self.drafter, ids, ctx.ids)
+        lookup = self._lookup_on(config)
+        cost_aware = config.draft_stop == "auto" and (plan is not None or lookup)
+        if cost_aware and not self.budget.measured:
+            self.budget.measure(self.verifier, self.drafter, ids, ctx.ids if ctx is not None else [])
         observers = list(self.observers)
         for obs in observers:
             obs.on_start(ids)
@@ -198,9 +211,14 @@ class SpeculativeDecoder:
             while self.stats.new_tokens < config.max_new_tokens:
                 for obs in observers:
                     obs.before_step()
-                budget = self._draft_budget(plan, config)
-                if budget == 0:  # no drafter, one token left, or drafting would not pay: a plain step
-                    emitted, done, logits = self._target_step(ids, config, plan, rows)
+                copied = self._lookup_draft(ids, config, cost_aware) if lookup else []
+                budget = self._draft_budget(plan, config) if not copied else 0
+                if copied:  # a prompt-lookup draft: target ids, nothing to translate
+                    emitted, done, logits = self._lookup_step(ids, copied, config, cost_aware, rows)
+                    if plan is not None and not stale and not done:  # the drafter's context follows the text
+                        plan.translator.reverse(ctx, Draft([], None), Translation(), emitted, 0)
+                elif budget == 0:  # no drafter, one token left, or drafting would not pay: a plain step
+                    emitted, done, logits = self._target_step(ids, config, cost_aware, rows)
                     stale = plan is not None  # the drafter's context is caught up when drafting resumes
                 else:
                     if stale:
@@ -221,6 +239,50 @@ class SpeculativeDecoder:
                 self.stats.ngram_cache_entries_at_end = len(self.ngrams)
             for obs in observers:
                 obs.on_finish()
+
+    # ---- prompt lookup -------------------------------------------------------------------------
+    def _lookup_on(self, config: DecodeConfig) -> bool:
+        """Lookup drafts are deterministic target ids: the greedy and text-sample rules verify them."""
+        rules = self.verifier.rules
+        return (self.use_lookup and config.lookup and config.verify in LOOKUP_RULES
+                and (rules is None or config.verify in rules))
+
+    def _lookup_draft(self, ids: list[int], config: DecodeConfig, cost_aware: bool) -> list[int]:
+        """The continuation of the longest earlier match of the text's end, as long as it pays."""
+        remaining = config.max_new_tokens - self.stats.new_tokens
+        if remaining <= 1:
+            return []
+        self.lookup.sync(ids)
+        k_max = min(LOOKUP_MAX, remaining - 1)
+        copied, _ = self.lookup.propose(k_max)
+        if copied and cost_aware:
+            copied = copied[: self.budget.plan_lookup(len(copied))]
+        return copied
+
+    def _lookup_step(self, ids: list[int], copied: list[int], config: DecodeConfig, cost_aware: bool,
+                     rows: RowRequest | None):
+        remaining = config.max_new_tokens - self.stats.new_tokens
+        t0 = time.perf_counter()
+        proposal = Proposal(Draft([], None), Translation(list(copied)), list(copied), None)
+        verdict = self.verifier.verify(ids, proposal, config, rows)
+        seconds = time.perf_counter() - t0
+        n = verdict.accepted
+        emitted, done = self._finish(copied[:n] + [verdict.next_token], remaining)
+        s = self.stats
+        if cost_aware:
+            self.budget.lookup_stats.update(len(copied), n)
+            if s.steps > 0:
+                self.budget.verify.observe(len(copied), seconds)
+        s.verify_s += seconds
+        s.steps += 1
+        s.target_forwards += 1
+        s.proposed_tokens += len(copied)
+        s.accepted_tokens += n
+        s.step_rates.append(n / len(copied))
+        s.lookup_steps += 1
+        s.lookup_proposed += len(copied)
+        s.lookup_accepted += n
+        return emitted, done, verdict.rows
 
     # ---- strategies ----------------------------------------------------------------------------
     def plan(self, config: DecodeConfig, generator: torch.Generator) -> Plan:
@@ -266,16 +328,15 @@ class SpeculativeDecoder:
         k_max = min(config.draft_len, remaining - 1)
         return plan.budget.plan(k_max) if plan.budget is not None else k_max
 
-    def _target_step(self, ids: list[int], config: DecodeConfig, plan: Plan | None = None, rows: RowRequest | None = None):
+    def _target_step(self, ids: list[int], config: DecodeConfig, cost_aware: bool = False, rows: RowRequest | None = None):
         t0 = time.perf_counter()
         verdict = self.verifier.verify(ids, None, config, rows)
         nxt, logits = verdict.next_token, verdict.rows
         seconds = time.perf_counter() - t0
         self.stats.verify_s += seconds
-        if plan is not None:
-            self.stats.plain_steps += 1
-            if plan.budget is not None and self.stats.steps > 0:  # the first step also read the prompt
-                plan.budget.observe_plain(seconds)
+        self.stats.plain_steps += 1
+        if cost_aware and self.stats.steps > 0:  # the first step also read the prompt
+            self.budget.observe_plain(seconds)
         self.stats.steps += 1
         self.stats.target_forwards += 1
         return *self._finish([nxt], config.max_new_tokens - self.stats.new_tokens), logits

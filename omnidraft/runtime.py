@@ -31,11 +31,12 @@ from omnidraft.drafter.budget import DraftBudget
 from omnidraft.drafter.torch_lm import TorchDraftLM, convert_drafter
 from omnidraft.errors import OmnidraftError
 from omnidraft.fsutil import atomic_write_json
+from omnidraft.home import home_dir
 from omnidraft.kv import output_vocab_size
 from omnidraft.ngram.trie import NgramCache, NgramTrie
 from omnidraft.target import Target, TorchTarget
 from omnidraft.vocab.bridge import VocabBridge
-from omnidraft.vocab.identity import pair_slug
+from omnidraft.vocab.identity import pair_slug, vocab_fingerprint
 
 
 @dataclass
@@ -139,7 +140,8 @@ def open_ngram_cache(drafter_tok, target_tok, options: CacheOptions, home=None) 
 
 def load_pipeline(target_spec: str, drafter_spec: str | None, *, home=None, dtype: str = "float32",
                   drafter_dtype: str = DEFAULT_DRAFTER_DTYPE, cache: CacheOptions | None = None, quiet: bool = False,
-                  adapter: str = "auto", engine: str = "auto", remote: RemoteOptions | None = None) -> Pipeline:
+                  adapter: str = "auto", engine: str = "auto", remote: RemoteOptions | None = None,
+                  drafter_backend: str = "auto") -> Pipeline:
     """Load target (and drafter unless None/'none') and wire bridge, n-gram cache, drafter, decoder.
 
     ``adapter``: "auto" uses the pair's LoRA adapter under ``<home>/adapters/`` if one was
@@ -159,20 +161,32 @@ def load_pipeline(target_spec: str, drafter_spec: str | None, *, home=None, dtyp
     target_tok = target.tokenizer
     if not drafting:
         return Pipeline(SpeculativeDecoder(target), target_spec, None, target_model, None, engine=engine)
+    export = onnx_export_for(drafter_spec, drafter_backend, home)
     if not quiet:
-        notice(f"loading drafter {drafter_spec}")
-    drafter_model, drafter_tok = models.load(drafter_spec, home=home, dtype="float32", progress=not quiet)
-    bridge = VocabBridge(drafter_tok, target_tok, output_vocab_size(drafter_model), target.vocab_size)
+        notice(f"loading drafter {drafter_spec} ({'onnx: ' + str(export) if export else 'torch ' + drafter_dtype})")
+    if export is not None:  # the exported graph on onnxruntime: the torch drafter is not loaded at all
+        from transformers import AutoTokenizer
+
+        from omnidraft.drafter.onnx_lm import OnnxDraftLM
+
+        lm = OnnxDraftLM(export)
+        drafter_model, drafter_tok = None, AutoTokenizer.from_pretrained(export)
+        vocab, arch, backend = lm.vocab_size, lm.manifest["architecture"], f"onnx-{lm.manifest['quant']}"
+    else:
+        drafter_model, drafter_tok = models.load(drafter_spec, home=home, dtype="float32", progress=not quiet)
+        vocab, arch, backend = output_vocab_size(drafter_model), adapters.architecture_fingerprint(drafter_model), drafter_dtype
+        drafter_model = convert_drafter(drafter_model, drafter_dtype)  # after the fingerprint: int8 hides the weights
+        lm = TorchDraftLM(drafter_model, drafter_dtype)
+    bridge = VocabBridge(drafter_tok, target_tok, vocab, target.vocab_size)
     if bridge.intersection_size == 0:
         raise OmnidraftError(f"{drafter_spec} and {target_spec} share no token: nothing can be drafted")
-    identity = adapters.identity_of(drafter_tok, target_tok, drafter_model)  # before int8 hides the weights
-    drafter_model = convert_drafter(drafter_model, drafter_dtype)
+    identity = adapters.Identity(vocab_fingerprint(drafter_tok)[:16], vocab_fingerprint(target_tok)[:16], arch)
     ngrams = open_ngram_cache(drafter_tok, target_tok, cache or CacheOptions(), home)
-    drafter = make_drafter(drafter_model, bridge, target, drafter_dtype)
+    drafter = Drafter(lm, stop_ids=[d for d, t in enumerate(bridge.d2t_list) if t in target.eos_ids])
     decoder = SpeculativeDecoder(target, drafter, bridge, ngrams)
     slot = AdapterSlot(drafter, identity, adapters.pair_dir(drafter_spec, target_spec, home))
     decoder.observers.append(slot)
-    decoder.observers.append(BudgetKeeper(decoder.budget, budget_path(drafter_spec, target_spec, engine, drafter_dtype, home)))
+    decoder.observers.append(BudgetKeeper(decoder.budget, budget_path(drafter_spec, target_spec, engine, backend, home)))
     use_adapter(slot, adapter, quiet)
     return Pipeline(decoder, target_spec, drafter_spec, target_model, drafter_model, slot, engine)
 
@@ -197,6 +211,30 @@ class BudgetKeeper(DecodeObserver):
             atomic_write_json(self.path, self.budget.state(), indent=None)
         except (OSError, OmnidraftError) as exc:  # a read-only home: measure again next time
             warn(f"could not keep the draft policy's measurements in {self.path}: {exc}")
+
+
+def onnx_export_for(drafter_spec: str, backend: str, home=None) -> Path | None:
+    """The export folder the drafter runs from on onnxruntime, or None for the torch backend.
+
+    ``auto``: the drafter's export under ``<home>/export/`` when there is one (int8 first), else
+    torch; ``onnx``: that export, or a one-line error saying how to make it; a folder: that export."""
+    from omnidraft.vocab.identity import spec_slug
+
+    if backend == "torch":
+        return None
+    if backend not in ("auto", "onnx"):
+        folder = Path(backend).expanduser()
+        if not (folder / "manifest.json").is_file():
+            raise OmnidraftError(f"--drafter-backend {backend}: no omnidraft export there (run `omnidraft export --out {backend}`)")
+        return folder
+    for quant in ("int8", "fp32"):
+        folder = home_dir(home) / "export" / f"{spec_slug(drafter_spec)}-{quant}"
+        if (folder / "manifest.json").is_file():
+            return folder
+    if backend == "onnx":
+        raise OmnidraftError(f"no ONNX export of {drafter_spec} under {home_dir(home) / 'export'}; "
+                             f"run `omnidraft export --drafter {drafter_spec}` first")
+    return None
 
 
 def budget_path(drafter_spec: str, target_spec: str, engine: str, drafter_dtype: str, home=None) -> Path:

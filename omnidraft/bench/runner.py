@@ -21,14 +21,17 @@ from omnidraft.ngram.trie import NgramCache, NgramTrie
 
 # greedy: text translation (our default); greedy-ngram: the paper's token mapping + n-gram cache;
 # greedy-nocache: token mapping alone. tli / omnidraft: rejection sampling at --temperature.
-OUR_MODES = ("target", "greedy", "greedy-ngram", "greedy-nocache", "tli", "omnidraft")
-HF_MODES = ("hf-target", "hf-uag")
+OUR_MODES = ("target", "greedy", "greedy-ngram", "greedy-nocache", "tli", "omnidraft", "lookup", "greedy-nolookup")
+HF_MODES = ("hf-target", "hf-uag", "hf-lookup")
 # On llama.cpp: its own greedy loop (llama-cpp-python's ``Llama.generate``), our loop with the
 # target alone, ours with the cost-aware draft policy, and ours drafting blindly (always k = 4).
-LLAMA_MODES = ("llamacpp", "target@llamacpp", "greedy@llamacpp", "greedy-k4@llamacpp")
-ALL_MODES = OUR_MODES + HF_MODES + LLAMA_MODES
+LLAMA_MODES = ("llamacpp", "target@llamacpp", "greedy@llamacpp", "greedy-k4@llamacpp", "greedy-onnx@llamacpp",
+               "lookup@llamacpp", "greedy-nolookup@llamacpp")
+ONNX_MODES = ("greedy-onnx", "greedy-onnx@llamacpp")  # the drafter on onnxruntime (the home's export)
+ALL_MODES = OUR_MODES + ("greedy-onnx",) + HF_MODES + LLAMA_MODES
 DEFAULT_MODES = ("target", "hf-target", "hf-uag", "greedy", "greedy-ngram", "greedy-nocache", "tli", "omnidraft")
-GREEDY_MODES = ("target", "hf-target", "hf-uag", "greedy", "greedy-ngram", "greedy-nocache") + LLAMA_MODES
+GREEDY_MODES = ("target", "hf-target", "hf-uag", "hf-lookup", "greedy", "greedy-ngram", "greedy-nocache", "greedy-onnx",
+                "lookup", "greedy-nolookup") + LLAMA_MODES
 
 
 def baseline_of(mode: str) -> str:
@@ -126,12 +129,12 @@ def our_mode(decoder: SpeculativeDecoder, config: DecodeConfig) -> ModeFn:
         sent = getattr(decoder.target, "bytes_sent", 0) + getattr(decoder.target, "bytes_received", 0)
         result = decoder.generate(prompt_ids, config)
         s = result.stats
-        drafting = decoder.drafter is not None
+        drafting = decoder.drafter is not None or decoder.use_lookup
         wire = getattr(decoder.target, "bytes_sent", 0) + getattr(decoder.target, "bytes_received", 0) - sent
         return PromptRun(result.token_ids, s.wall_s, s.target_forwards, s.drafted_tokens, s.proposed_tokens,
                          s.accepted_tokens, s.acceptance_rate if drafting else None, s.ngram_hits_proposed,
                          s.ngram_hits_accepted, {"draft": s.draft_s, "verify": s.verify_s, "bridge": s.bridge_s, "other": s.other_s},
-                         s.steps, s.plain_steps if drafting else s.steps, wire)
+                         s.steps, s.plain_steps, wire)
 
     run.decoder = decoder  # what the draft policy measured and chose, for the report
     return run
@@ -151,12 +154,16 @@ class _ForwardCounter:
         self._handle.remove()
 
 
-def hf_mode(target_model, target_tok, max_new_tokens: int, assistant=None, assistant_tok=None) -> ModeFn:
-    """transformers' own ``generate``: plain greedy, or universal assisted generation (UAG)."""
+def hf_mode(target_model, target_tok, max_new_tokens: int, assistant=None, assistant_tok=None,
+            prompt_lookup: int = 0) -> ModeFn:
+    """transformers' own ``generate``: plain greedy, universal assisted generation (UAG), or its
+    prompt lookup (``prompt_lookup_num_tokens``)."""
 
     def run(prompt_ids: list[int]) -> PromptRun:
         ids = torch.tensor([prompt_ids])
         kwargs = dict(max_new_tokens=max_new_tokens, do_sample=False, attention_mask=torch.ones_like(ids))
+        if prompt_lookup:
+            kwargs["prompt_lookup_num_tokens"] = prompt_lookup
         if assistant is not None:
             kwargs.update(assistant_model=assistant, tokenizer=target_tok, assistant_tokenizer=assistant_tok)
         t_count = _ForwardCounter(target_model)
@@ -205,11 +212,12 @@ def llama_native_mode(target, max_new_tokens: int) -> ModeFn:
 
 
 def build_modes(pipe, modes: Sequence[str], base: DecodeConfig, temperature: float,
-                ngrams_factory: Callable[[], NgramCache] = NgramTrie, llama=None) -> dict[str, ModeFn]:
+                ngrams_factory: Callable[[], NgramCache] = NgramTrie, llama=None, onnx=None) -> dict[str, ModeFn]:
     """Mode name -> runner, all sharing the pipeline's target engine, drafter and weights.
 
     ``base`` carries the shared knobs (max new tokens, draft length, draft policy, seed).
-    ``llama``: the same target on llama.cpp (a ``LlamaCppTarget``), for the ``@llamacpp`` modes.
+    ``llama``: the same target on llama.cpp (a ``LlamaCppTarget``), for the ``@llamacpp`` modes;
+    ``onnx``: the drafter on onnxruntime (a ``Drafter`` over ``OnnxDraftLM``), for the ``-onnx`` modes.
     """
     target, drafter, bridge = pipe.decoder.target, pipe.decoder.drafter, pipe.decoder.bridge
     max_new_tokens = base.max_new_tokens
@@ -221,21 +229,33 @@ def build_modes(pipe, modes: Sequence[str], base: DecodeConfig, temperature: flo
         return our_mode(SpeculativeDecoder(target, drafter, bridge, ngrams), config)
 
     table: dict[str, Callable[[], ModeFn]] = {
-        "target": lambda: our_mode(SpeculativeDecoder(target), cfg(verify="greedy")),
+        "target": lambda: our_mode(SpeculativeDecoder(target), cfg(verify="greedy", lookup=False)),
         "greedy": lambda: spec(cfg(verify="greedy", translate="text"), ngrams_factory()),
-        "greedy-ngram": lambda: spec(cfg(verify="greedy", translate="tokens"), ngrams_factory()),
-        "greedy-nocache": lambda: spec(cfg(verify="greedy", translate="tokens", use_ngram=False), NgramTrie()),
+        "greedy-ngram": lambda: spec(cfg(verify="greedy", translate="tokens", lookup=False), ngrams_factory()),
+        "greedy-nocache": lambda: spec(cfg(verify="greedy", translate="tokens", use_ngram=False, lookup=False), NgramTrie()),
         "tli": lambda: spec(cfg(verify="tli", temperature=temperature), NgramTrie()),
         "omnidraft": lambda: spec(cfg(verify="omnidraft", temperature=temperature), ngrams_factory()),
         "hf-target": lambda: hf_mode(pipe.target_model, target.tokenizer, max_new_tokens),
         "hf-uag": lambda: hf_mode(pipe.target_model, target.tokenizer, max_new_tokens, pipe.drafter_model, bridge.drafter_tokenizer),
+        "hf-lookup": lambda: hf_mode(pipe.target_model, target.tokenizer, max_new_tokens, prompt_lookup=10),
+        "lookup": lambda: our_mode(SpeculativeDecoder(target, lookup=True), cfg(verify="greedy")),
+        "greedy-nolookup": lambda: spec(cfg(verify="greedy", translate="text", lookup=False), ngrams_factory()),
+        "lookup@llamacpp": lambda: our_mode(SpeculativeDecoder(llama, lookup=True), cfg(verify="greedy")),
+        "greedy-nolookup@llamacpp": lambda: our_mode(SpeculativeDecoder(llama, drafter, bridge, ngrams_factory()),
+                                                     cfg(verify="greedy", translate="text", lookup=False)),
         "llamacpp": lambda: llama_native_mode(llama, max_new_tokens),
-        "target@llamacpp": lambda: our_mode(SpeculativeDecoder(llama), cfg(verify="greedy")),
+        "target@llamacpp": lambda: our_mode(SpeculativeDecoder(llama), cfg(verify="greedy", lookup=False)),
         "greedy@llamacpp": lambda: our_mode(SpeculativeDecoder(llama, drafter, bridge, ngrams_factory()),
                                             cfg(verify="greedy", translate="text")),
         "greedy-k4@llamacpp": lambda: our_mode(SpeculativeDecoder(llama, drafter, bridge, ngrams_factory()),
                                                cfg(verify="greedy", translate="text", draft_len=4, draft_stop="fixed")),
+        "greedy-onnx": lambda: our_mode(SpeculativeDecoder(target, onnx, bridge, ngrams_factory()),
+                                        cfg(verify="greedy", translate="text")),
+        "greedy-onnx@llamacpp": lambda: our_mode(SpeculativeDecoder(llama, onnx, bridge, ngrams_factory()),
+                                                 cfg(verify="greedy", translate="text")),
     }
+    if onnx is None and any(m in ONNX_MODES for m in modes):
+        raise ValueError("the -onnx modes need the drafter's ONNX export (omnidraft export)")
     if llama is None and any(m in LLAMA_MODES for m in modes):
         raise ValueError("the @llamacpp modes need the target on llama.cpp")
     unknown = [m for m in modes if m not in table]

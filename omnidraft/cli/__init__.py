@@ -15,7 +15,7 @@ import sys
 from omnidraft.cli.options import CliParser
 from omnidraft.errors import OmnidraftError
 
-SUBCOMMANDS = ("chat", "generate", "serve", "bench", "adapt", "adapters", "cache", "models", "experiment")
+SUBCOMMANDS = ("chat", "generate", "serve", "export", "bench", "adapt", "adapters", "cache", "models", "experiment")
 
 
 def build_parser() -> CliParser:

@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     _check_writable(args)  # before a minute of loading; OnlineLearning takes the lock for real
     pipe = load_pipeline(args.target, args.drafter, dtype=args.dtype, drafter_dtype=args.drafter_dtype,
                          cache=cache_options(args), quiet=args.json, adapter=args.adapter, engine=args.engine,
-                         remote=remote_options(args))
+                         remote=remote_options(args), drafter_backend=args.drafter_backend)
     learner = OnlineLearning(pipe, tcfg, save_to=args.save_to, nice=0)
     rates: list[float] = []
     bar = tqdm(prompts, desc="adapt", unit="prompt", disable=args.json)

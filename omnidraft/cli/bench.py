@@ -72,9 +72,12 @@ def engines(args: argparse.Namespace) -> list[str]:
 
 def parse_modes(args: argparse.Namespace) -> list[str]:
     from omnidraft.bench.runner import ALL_MODES
+    from omnidraft.runtime import onnx_export_for
 
     on = engines(args)
     default = "target,greedy" if on == ["remote"] else DEFAULT_MODES + ("," + LLAMA_DEFAULT_MODES if "llamacpp" in on else "")
+    if on != ["remote"] and onnx_export_for(args.drafter, "auto") is not None:  # an export to draft from
+        default += ",greedy-onnx" + (",greedy-onnx@llamacpp" if "llamacpp" in on else "")
     modes = [m.strip() for m in (args.modes or default).split(",") if m.strip()]
     if on == ["remote"] and not set(modes) <= {"target", "greedy", "greedy-ngram", "greedy-nocache"}:
         raise OmnidraftError("against a remote target the bench runs target, greedy, greedy-ngram and greedy-nocache "
@@ -138,6 +141,16 @@ def load_for_bench(args: argparse.Namespace, adapter: str | None = None):
                          engine="auto" if remote else "torch", remote=remote_options(args))
 
 
+def _onnx_drafter(args: argparse.Namespace, pipe):
+    """The drafter from its ONNX export (``--drafter-backend`` names one; default: the home's)."""
+    from omnidraft.drafter import Drafter
+    from omnidraft.drafter.onnx_lm import OnnxDraftLM
+    from omnidraft.runtime import onnx_export_for
+
+    folder = onnx_export_for(args.drafter, "onnx" if args.drafter_backend in ("auto", "torch") else args.drafter_backend)
+    return Drafter(OnnxDraftLM(folder), pipe.decoder.drafter.stop_ids)
+
+
 def _llama_target(args: argparse.Namespace, pipe):
     """The same target on llama.cpp, sharing the torch pipeline's tokenizer (so its bridge too)."""
     from omnidraft import models
@@ -153,6 +166,7 @@ def run(args: argparse.Namespace) -> int:
     from omnidraft.bench.report import markdown_table, write_results
     from omnidraft.bench.runner import (
         LLAMA_MODES,
+        ONNX_MODES,
         build_modes,
         policy_report,
         run_bench,
@@ -171,7 +185,8 @@ def run(args: argparse.Namespace) -> int:
     prompts = [encode_prompt(pipe.target_tokenizer, r.text, chat=r.chat) for r in records]
     factory = _ngram_factory(args, pipe) if pipe.decoder.drafter is not None else None
     llama = _llama_target(args, pipe) if any(m in LLAMA_MODES for m in modes) else None
-    fns = build_modes(pipe, modes, base, args.sample_temperature, llama=llama,
+    onnx = _onnx_drafter(args, pipe) if any(m in ONNX_MODES for m in modes) else None
+    fns = build_modes(pipe, modes, base, args.sample_temperature, llama=llama, onnx=onnx,
                       **({"ngrams_factory": factory} if factory else {}))
     warm = encode_prompt(pipe.target_tokenizer, WARMUP_TEXT, chat=False)
     runs = run_bench(fns, prompts, warmup=warm[:16])

@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     check_adaptable(args, training=not args.no_train)
     loader = partial(_load, load_pipeline, drafter=args.drafter, dtype=args.dtype, adapter=args.adapter,
                      drafter_dtype=args.drafter_dtype, cache=cache_options(args), engine=args.engine,
-                     remote=remote_options(args))
+                     remote=remote_options(args), drafter_backend=args.drafter_backend)
     session = ChatSession(loader(args.target), loader, config, system=args.system,
                           context_window=args.context_window, train=not args.no_train,
                           learner_factory=partial(_learner, config=tcfg))

@@ -28,6 +28,7 @@ from omnidraft.cli.options import (
     check_adaptable,
     decode_config,
     number,
+    remote_options,
     train_config,
 )
 from omnidraft.errors import OmnidraftError
@@ -60,6 +61,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help="cache of recorded target outputs, reused across runs (default OUT/records.pt)")
     add_train_options(online, skip=("loss",))
     online.set_defaults(func=cmd_online)
+    capacity = kinds.add_parser("capacity", help="N devices drafting against one `omnidraft serve`: aggregate tokens/s "
+                                                 "with and without drafting (--target grpc://HOST:PORT)")
+    add_prompt_options(capacity, n=2)
+    capacity.add_argument("--clients", default="1,2,4,8", help="client counts to run (default 1,2,4,8)")
+    add_model_options(capacity)
+    add_decode_options(capacity, skip=("verify", "translate", "temperature", "use_ngram"))
+    capacity.set_defaults(func=cmd_capacity)
 
 
 def _common(p: argparse.ArgumentParser, stream_n: int) -> None:
@@ -158,7 +166,7 @@ def cmd_online(args: argparse.Namespace) -> int:
     check_adaptable(args, training=True)
     train = train_config(args)
     stream, sets, held = _slices(args, stream_n)
-    decode = decode_config(args, verify="greedy", temperature=0.0)
+    decode = decode_config(args, verify="greedy", temperature=0.0, lookup=False)  # the drafter alone is measured
     pipe = load_for_bench(args, adapter="none")
     encode = lambda recs: [encode_prompt(pipe.target_tokenizer, r.text, chat=r.chat) for r in recs]
     plan = OnlinePlan(stream=encode(stream), held_out={k: encode(v) for k, v in held.items()},
@@ -174,4 +182,39 @@ def cmd_online(args: argparse.Namespace) -> int:
     files = write_online(args.out, result, meta)
     sys.stdout.write((args.out / "results.md").read_text())
     print("wrote " + ", ".join(str(f) for f in files), file=sys.stderr)
+    return 0
+
+
+def cmd_capacity(args: argparse.Namespace) -> int:
+    """``experiment capacity``: see omnidraft/experiments/capacity.py."""
+    from omnidraft.data import load_prompts
+    from omnidraft.experiments.capacity import markdown, run_capacity
+    from omnidraft.fsutil import atomic_write
+    from omnidraft.rpc.client import RemoteTarget, is_remote
+    from omnidraft.runtime import encode_prompt
+
+    if not is_remote(args.target):
+        raise OmnidraftError("experiment capacity measures a server: give --target grpc://HOST:PORT")
+    try:
+        clients = [int(c) for c in args.clients.split(",") if c.strip()]
+    except ValueError:
+        clients = []
+    if not clients or min(clients) < 1 or max(clients) > 64:
+        raise OmnidraftError("--clients takes a comma-separated list of counts in 1..64")
+    records = load_prompts(args.prompts, n=args.n, offset=args.offset)
+    args.out.mkdir(parents=True, exist_ok=True)
+    pipe = load_for_bench(args)
+    options = remote_options(args)
+
+    def connect():
+        return RemoteTarget(args.target, token=options.token, deadline_s=options.deadline_s, rtt_ms=options.rtt_ms)
+
+    prompts = [encode_prompt(pipe.target_tokenizer, r.text, chat=r.chat) for r in records]
+    rows = run_capacity(pipe, connect, prompts, clients, decode_config(args, verify="greedy", temperature=0.0))
+    meta = (f"drafter `{args.drafter}` → target `{args.target}` ({pipe.decoder.target.engine} on the server), "
+            f"prompts `{args.prompts}` × {len(prompts)} per client, {args.max_new_tokens} new tokens, greedy, "
+            f"injected round trip {args.rtt_ms:g} ms")
+    text = markdown(rows, meta)
+    atomic_write(args.out / "capacity.md", text)
+    sys.stdout.write(text)
     return 0

@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     prompt = prompt_text(args)
     pipe = load_pipeline(args.target, args.drafter, dtype=args.dtype, drafter_dtype=args.drafter_dtype,
                          cache=cache_options(args), quiet=args.json, adapter=args.adapter, engine=args.engine,
-                         remote=remote_options(args))
+                         remote=remote_options(args), drafter_backend=args.drafter_backend)
     prompt_ids = encode_prompt(pipe.target_tokenizer, prompt, chat=args.chat)
     decoder = pipe.decoder
     decoder.check_length(len(prompt_ids), config.max_new_tokens)  # before any forward pass

@@ -122,6 +122,9 @@ def add_model_options(parser: argparse.ArgumentParser, *, target: bool = True, d
         r.add_argument("--rtt-ms", type=number(0, 10_000), default=0.0,
                        help="add this many ms of round trip to every call (to measure what a network costs)")
     if drafter:
+        g.add_argument("--drafter-backend", type=text, default="auto",
+                       help="what runs the drafter: torch, onnx (the export `omnidraft export` wrote under the home), "
+                            "an export folder, or auto (the export when there is one, else torch)")
         g.add_argument("--drafter-dtype", choices=DRAFTER_DTYPES, default=DEFAULT_DRAFTER_DTYPE,
                        help="drafter precision (speed only: the target verifies every token; int8 takes no adapter)")
         g.add_argument("--adapter", type=text, default="auto",
@@ -165,6 +168,9 @@ def add_decode_options(parser: argparse.ArgumentParser, skip: tuple[str, ...] = 
                        help=help_ + extra)
     if "use_ngram" not in skip:
         g.add_argument("--no-ngram", dest="use_ngram", action="store_false", help="do not use or learn the n-gram cache")
+    if "lookup" not in skip:
+        g.add_argument("--no-lookup", dest="lookup", action="store_false",
+                       help="do not draft by prompt lookup (copying what followed the last words earlier in the text)")
 
 
 def decode_config(args: argparse.Namespace, **override: Any) -> DecodeConfig:

@@ -74,6 +74,7 @@ class DraftBudget:
         self.verify: VerifyCosts | None = None
         self.draft = DraftCost(alpha=0.1)
         self.stats = AcceptanceStats(k_max, prior_mean=0.6, decay=0.995)
+        self.lookup_stats = AcceptanceStats(k_max, prior_mean=0.5, decay=0.995)  # prompt-lookup drafts
         self.calibration = ConfidenceCalibration()
         self.skipped = 0
         self.choices: dict[int, int] = {}  # draft budget chosen -> steps (what the policy did)
@@ -100,6 +101,8 @@ class DraftBudget:
                 verifier.verify(ctx, SimpleNamespace(proposed=filler[: k]) if k else None, greedy, None)
                 table[k].append(time.perf_counter() - t0)
         self.verify = VerifyCosts({k: min(v) for k, v in table.items()})
+        if drafter is None:  # lookup drafting alone: nothing else to time
+            return
         d_ctx = list(drafter_ids[:MEASURE_CONTEXT]) or [0]
         drafter.lm.logits_for(d_ctx)
         token = d_ctx[-1]
@@ -115,6 +118,7 @@ class DraftBudget:
         return {"format": 2, "verify_s": {str(k): v for k, v in (self.verify.table.items() if self.verify else [])},
                 "draft_s": self.draft.seconds_per_token if self.draft.known else None,
                 "stats": {"tried": self.stats.tried, "accepted": self.stats.accepted},
+                "lookup": {"tried": self.lookup_stats.tried, "accepted": self.lookup_stats.accepted},
                 "calibration": {"tried": self.calibration.tried, "accepted": self.calibration.accepted}}
 
     def restore(self, state: dict) -> bool:
@@ -130,7 +134,15 @@ class DraftBudget:
         ok = (state.get("format") == 2 and len(tried) == len(accepted) == self.stats.max_positions
               and len(c_tried) == len(c_accepted) == self.calibration.bins and draft > 0
               and all(0 <= a <= t for a, t in zip(accepted + c_accepted, tried + c_tried)))
+        lookup = state.get("lookup") if isinstance(state.get("lookup"), dict) else {}
+        try:
+            l_tried, l_accepted = [float(x) for x in lookup["tried"]], [float(x) for x in lookup["accepted"]]
+            ok = ok and len(l_tried) == len(l_accepted) == self.lookup_stats.max_positions
+        except (KeyError, TypeError, ValueError):
+            l_tried = l_accepted = None
         if ok:
+            if l_tried is not None:
+                self.lookup_stats.tried, self.lookup_stats.accepted = l_tried, l_accepted
             self.verify, self.draft = verify, DraftCost(draft, alpha=0.1)
             self.stats.tried, self.stats.accepted = tried, accepted
             self.calibration.tried, self.calibration.accepted = c_tried, c_accepted
@@ -151,6 +163,10 @@ class DraftBudget:
                 k = k_max  # explore: the statistics must see drafts to notice that they could pay
         self.choices[k] = self.choices.get(k, 0) + 1
         return k and k_max
+
+    def plan_lookup(self, k_max: int) -> int:
+        """How many tokens of a lookup draft (free to draft) are expected to pay; 0: none."""
+        return best_draft_length(self.lookup_stats.rates(k_max), 0.0, self._verify_costs(), k_max)
 
     def sequence(self, k_max: int) -> SequentialDraft:
         return SequentialDraft(self.draft.seconds_per_token, self._verify_costs(), k_max)

@@ -177,7 +177,7 @@ def speculative_config(base: DecodeConfig, verify: str, temperature: float) -> D
     proposes n-grams), greedy (lossless, deterministic acceptance) or omnidraft sampling."""
     if verify not in ABLATION_VERIFIERS:
         raise OmnidraftError(f"the cache ablation verifies with {' or '.join(ABLATION_VERIFIERS)}, not {verify!r}")
-    config = replace(base, verify=verify, translate="tokens", use_ngram=True,
+    config = replace(base, verify=verify, translate="tokens", use_ngram=True, lookup=False,
                      temperature=0.0 if verify == "greedy" else temperature)
     config.validate()
     return config

@@ -1,0 +1,90 @@
+"""``omnidraft export``: the drafter as an ONNX folder for onnxruntime (apps, and ``--drafter-backend onnx``)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from omnidraft.cli.options import DEFAULT_DRAFTER, text
+from omnidraft.errors import OmnidraftError
+
+QUANTS = ("fp32", "int8")  # omnidraft.export.onnx_export checks the same names
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("export", help="export the drafter (and its trained adapters) to ONNX for onnxruntime",
+                       description="Write one folder under <home>/export/: the drafter as an ONNX decoder with KV cache "
+                                   "and LoRA inputs, its tokenizer, the vocabulary bridge per target as .npy tables, "
+                                   "each trained adapter as an .onnx_adapter, and a manifest. See export/README.md.")
+    p.add_argument("--drafter", type=text, default=DEFAULT_DRAFTER, help="the drafter to export")
+    p.add_argument("--quant", choices=QUANTS, default="int8",
+                   help="weights of the base MatMuls: int8 (default: fastest, see docs/onnx.md) or fp32")
+    p.add_argument("--target", type=text, action="append", default=None,
+                   help="write the vocabulary bridge for this target (repeatable; default: the builtin targets "
+                        "and every target with a trained adapter)")
+    p.add_argument("--adapter", default=None,
+                   help="add or refresh adapters without re-exporting the graph: a pair folder name, or 'all'")
+    p.add_argument("--out", type=Path, default=None, help="the export folder (default <home>/export/<drafter>-<quant>)")
+    p.set_defaults(func=run)
+
+
+def default_folder(drafter: str, quant: str) -> Path:
+    from omnidraft.home import home_dir
+    from omnidraft.vocab.identity import spec_slug
+
+    return home_dir() / "export" / f"{spec_slug(drafter)}-{quant}"
+
+
+def run(args: argparse.Namespace) -> int:
+    from omnidraft.adapter import store
+
+    out = args.out or default_folder(args.drafter, args.quant)
+    if args.adapter is not None:
+        if not out.is_dir():
+            raise OmnidraftError(f"no export at {out}: run `omnidraft export` first (adapters go into an export)")
+        names = [p.name for p in store.list_pairs()] if args.adapter == "all" else [args.adapter]
+        for name in names:
+            _export_adapter(out, name)
+        return 0
+    from omnidraft import models
+    from omnidraft.export.onnx_export import export_drafter
+    from omnidraft.kv import output_vocab_size
+    from omnidraft.vocab.bridge import VocabBridge
+    from omnidraft.vocab.identity import spec_slug
+
+    models.check_spec(args.drafter)
+    model, tokenizer = models.load(args.drafter, dtype="float32")
+    targets = args.target or [m.spec for m in models.BUILTINS.values() if m.name != "smollm2-135m"
+                              and models.part_files(m) is not None]
+    bridges = {}
+    for spec in targets:
+        t_tok = models.load_tokenizer(spec)
+        size = max(len(t_tok), max(t_tok.get_vocab().values()) + 1)
+        bridges[spec_slug(spec)] = VocabBridge(tokenizer, t_tok, output_vocab_size(model), size)
+    builtin = models.builtin(args.drafter)
+    print(f"omnidraft: exporting {args.drafter} ({args.quant}) to {out} …", file=sys.stderr)
+    export_drafter(model, tokenizer, out, quant=args.quant, spec=args.drafter,
+                   model_sha256=builtin.sha256 if builtin else "", bridges=bridges)
+    for folder in store.list_pairs():
+        if folder.name.startswith(f"{spec_slug(args.drafter)}--"):
+            _export_adapter(out, folder.name, quiet_if_empty=True)
+    print(out)
+    return 0
+
+
+def _export_adapter(out: Path, name: str, quiet_if_empty: bool = False) -> None:
+    from omnidraft.adapter import store
+    from omnidraft.export.onnx_export import export_adapter
+
+    folder = store.adapters_root() / name
+    try:
+        loaded = store.load(folder, None) if folder.is_dir() else None
+    except store.AdapterProblem as exc:
+        raise OmnidraftError(f"adapter {name}: {exc}") from None
+    if loaded is None:
+        if quiet_if_empty:
+            return
+        raise OmnidraftError(f"no trained adapter named {name!r}; `omnidraft adapters list` shows them")
+    path = export_adapter(loaded, out, name)
+    print(f"omnidraft: adapter {name} (version {loaded.version}) -> {path}", file=sys.stderr)

@@ -1,0 +1,66 @@
+"""Drafting from what was already said: prompt lookup in the target's own tokens.
+
+The text being written often repeats the context — code the user pasted and asked to edit, a
+document being summarised, an earlier turn. A lookup draft copies the continuation of the longest
+earlier occurrence of the last n tokens (n = ``max_n`` down to ``min_n``), like transformers'
+``prompt_lookup_num_tokens``, vLLM's ``ngram`` speculator and llama.cpp's lookup decoding. It
+costs nothing to draft and needs no vocabulary bridge: it proposes target ids.
+
+:class:`LookupIndex` is incremental: each appended token updates one hash entry per n, so a lookup
+is ``max_n`` dictionary probes whatever the context's length (no scan of the context per step).
+For every n-gram it keeps where it last ended and where it ended before that, so the suffix that
+was just written never matches itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+class LookupIndex:
+    """n-gram -> latest end positions in a growing token list (see the module docstring)."""
+
+    def __init__(self, max_n: int = 4, min_n: int = 2) -> None:
+        if not 1 <= min_n <= max_n:
+            raise ValueError("lookup needs 1 <= min_n <= max_n")
+        self.max_n, self.min_n = max_n, min_n
+        self.ids: list[int] = []
+        self._last: dict[tuple[int, ...], int] = {}
+        self._before: dict[tuple[int, ...], int] = {}
+
+    def reset(self, ids: Sequence[int] = ()) -> None:
+        self.ids, self._last, self._before = [], {}, {}
+        self.extend(ids)
+
+    def sync(self, ids: Sequence[int]) -> None:
+        """Follow ``ids``: extend when it extends what is indexed, else index it afresh."""
+        n = len(self.ids)
+        if len(ids) >= n and list(ids[:n]) == self.ids:
+            self.extend(ids[n:])
+        else:
+            self.reset(ids)
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        ids = self.ids
+        for tok in tokens:
+            ids.append(int(tok))
+            end = len(ids)
+            for n in range(1, min(self.max_n, end) + 1):
+                key = tuple(ids[end - n:])
+                last = self._last.get(key)
+                if last is not None:
+                    self._before[key] = last
+                self._last[key] = end
+
+    def propose(self, k: int) -> tuple[list[int], int]:
+        """(up to k tokens that followed the longest earlier match of the current suffix, its length n);
+        ([], 0) without a match of at least ``min_n`` tokens."""
+        ids, end = self.ids, len(self.ids)
+        for n in range(min(self.max_n, end - 1), self.min_n - 1, -1):
+            key = tuple(ids[end - n:])
+            pos = self._last.get(key)
+            if pos == end:
+                pos = self._before.get(key)
+            if pos is not None and pos < end:
+                return ids[pos: pos + k], n
+        return [], 0

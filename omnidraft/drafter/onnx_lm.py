@@ -1,0 +1,153 @@
+"""The drafter on onnxruntime: an exported graph (``omnidraft export``) behind the DraftLM interface.
+
+:class:`OrtCausalLM` is numpy only: the session, its KV cache as arrays that follow a token list
+(keep the common prefix, feed the rest; a rewind is a shorter past), and the active adapter, fed
+as the graph's LoRA inputs or activated from an ``.onnx_adapter`` file through ``RunOptions``.
+:class:`OnnxDraftLM` is the thin torch-facing wrapper the drafting loop uses, so the loop and the
+tests do not care which backend drafts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from omnidraft.errors import OmnidraftError
+from omnidraft.export.onnx_export import MODEL, read_manifest
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+class OrtCausalLM:
+    """An export folder's decoder with a KV cache that follows a token list (numpy in, numpy out)."""
+
+    def __init__(self, folder: str | Path, threads: int = 2) -> None:
+        import onnxruntime as ort
+
+        self.folder = Path(folder)
+        self.manifest = read_manifest(self.folder)
+        options = ort.SessionOptions()
+        options.log_severity_level = 3  # the LoRA inputs' defaults are initializers on purpose: no warning per input
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        try:
+            self.session = ort.InferenceSession(str(self.folder / MODEL), options, providers=["CPUExecutionProvider"])
+        except Exception as exc:  # onnxruntime raises its own Fail/InvalidGraph types
+            raise OmnidraftError(f"onnxruntime cannot load the export in {self.folder} "
+                                 f"({exc.__class__.__name__}: {str(exc).splitlines()[0][:120]}); export again") from None
+        m = self.manifest
+        self.layers, self.vocab_size, self.hidden_size = m["layers"], m["vocab_size"], m["hidden_size"]
+        self.max_positions = m["max_positions"]
+        self._kv_names = [f"past_key_values.{i}.{w}" for i in range(self.layers) for w in ("key", "value")]
+        self._empty = np.zeros((1, m["kv_heads"], 0, m["head_dim"]), dtype=np.float32)
+        self._run_options = ort.RunOptions()
+        self._lora: dict[str, np.ndarray] = {}
+        self.reset()
+
+    def reset(self) -> None:
+        self.past = [self._empty] * len(self._kv_names)
+        self.cached_ids: list[int] = []
+        self.last_hidden = np.zeros(self.hidden_size, dtype=np.float32)
+
+    # ---- adapters
+
+    def set_lora(self, tensors: dict[str, np.ndarray] | None) -> None:
+        """Feed these LoRA inputs (peft module names; Aᵀ and Bᵀ, α/r folded into B); None: the base model."""
+        self._lora = dict(tensors or {})
+        self.reset()  # the cache was computed with other weights
+
+    def set_adapter_file(self, path: str | Path | None) -> None:
+        """Activate an ``.onnx_adapter`` (``None``: none) for the following runs, without a new session."""
+        import onnxruntime as ort
+
+        self._run_options = ort.RunOptions()
+        if path is not None:
+            adapter = ort.LoraAdapter()
+            try:
+                adapter.Load(str(path))
+            except Exception as exc:
+                raise OmnidraftError(f"cannot load the adapter {path} ({exc.__class__.__name__})") from None
+            self._run_options.add_active_adapter(adapter)
+            self._adapter = adapter  # onnxruntime keeps a pointer: it must outlive the runs
+        self.reset()
+
+    # ---- the cache
+
+    def logits_for(self, ids: Sequence[int]) -> np.ndarray:
+        """[vocab] logits after the last id; the cache keeps the common prefix with ``ids``."""
+        keep = min(common_prefix(self.cached_ids, ids), len(ids) - 1)
+        if keep < len(self.cached_ids):
+            self.past = [np.ascontiguousarray(p[:, :, :keep]) for p in self.past]
+            del self.cached_ids[keep:]
+        return self._run(list(ids[keep:]))
+
+    def step(self, token: int) -> np.ndarray:
+        return self._run([int(token)])
+
+    def _run(self, new: list[int]) -> np.ndarray:
+        feed = {"input_ids": np.asarray([new], dtype=np.int64), **dict(zip(self._kv_names, self.past)), **self._lora}
+        outputs = self.session.run(None, feed, self._run_options)
+        self.past = outputs[2:]
+        self.cached_ids.extend(new)
+        self.last_hidden = outputs[1][0]
+        return outputs[0][0]
+
+
+class OnnxDraftLM:
+    """:class:`~omnidraft.drafter.base.DraftLM` over :class:`OrtCausalLM` (torch tensors out)."""
+
+    def __init__(self, folder: str | Path, threads: int = 2) -> None:
+        self.ort = OrtCausalLM(folder, threads)
+        self.vocab_size, self.hidden_size = self.ort.vocab_size, self.ort.hidden_size
+        self.max_positions = self.ort.max_positions
+        self.manifest = self.ort.manifest
+
+    @property
+    def cached_ids(self) -> list[int]:
+        return self.ort.cached_ids
+
+    @property
+    def last_hidden(self):
+        import torch
+
+        return torch.from_numpy(self.ort.last_hidden)
+
+    def logits_for(self, ids: Sequence[int]):
+        import torch
+
+        return torch.from_numpy(self.ort.logits_for(ids))
+
+    def step(self, token: int):
+        import torch
+
+        return torch.from_numpy(self.ort.step(token))
+
+    def reset(self) -> None:
+        self.ort.reset()
+
+    def apply_adapter(self, state, scaling: float = 1.0) -> None:
+        """A trained adapter's peft tensors become the graph's LoRA inputs (α/r folded into B)."""
+        if state is None:
+            self.ort.set_lora(None)
+            return
+        from omnidraft.adapter.merge import lora_pairs
+
+        feeds = {}
+        for module, (a, b) in lora_pairs(state).items():
+            shape = self.manifest["lora"].get(module)
+            if shape is None or a.shape[1] != shape["in"] or b.shape[0] != shape["out"]:
+                raise ValueError(f"adapter module {module!r} does not fit the exported drafter")
+            feeds[f"{module}.lora_A.weight"] = a.float().t().contiguous().numpy()  # the graph takes Aᵀ and Bᵀ
+            feeds[f"{module}.lora_B.weight"] = (b.float() * scaling).t().contiguous().numpy()
+        self.ort.set_lora(feeds)  # modules the adapter leaves out keep their empty (rank-0) defaults

@@ -1,0 +1,134 @@
+"""The drafter as one flat function of tensors, for export to ONNX (llama-architecture drafters).
+
+transformers' forward takes cache objects and keyword switches an exporter cannot follow; this
+module computes the same thing from plain tensors in, plain tensors out (gpt-fast style):
+
+    inputs:  input_ids [1, s]; past_key_values.{i}.key / .value [1, kv_heads, past, head_dim] for
+             every layer i; for every adapted Linear, ``<module>.lora_A.weight`` [in, r] and
+             ``<module>.lora_B.weight`` [r, out]: peft's A and B *transposed*, ready for MatMul (no
+             transpose per step); r may be 0: no adapter, the base model
+    outputs: logits [1, vocab] and hidden [1, hidden] at the last position (the LM head's input: an
+             acceptance head runs on it); present.{i}.key / .value = past + the s new positions
+
+Positions continue the past (a rewind is only a shorter past). The LoRA delta is x·Aᵀ·Bᵀ (fed as Aᵀ
+and Bᵀ) with α/r folded into B by whoever supplies the tensors, the onnxruntime / Olive convention.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+LORA_TARGETS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")  # peft's "all-linear" on a llama block
+
+
+def lora_modules(num_layers: int) -> list[str]:
+    """Module paths of the adapted Linears, as peft names them (``model.layers.0.self_attn.q_proj``)."""
+    return [f"model.layers.{i}.{t}" for i in range(num_layers) for t in LORA_TARGETS]
+
+
+class FlatDrafter(nn.Module):
+    """A transformers ``LlamaForCausalLM`` as a function of tensors (see the module docstring)."""
+
+    def __init__(self, model: nn.Module, lora: bool = True) -> None:
+        super().__init__()
+        self.with_lora = lora
+        cfg = model.config
+        if cfg.model_type != "llama":
+            raise ValueError(f"the ONNX export supports llama-architecture drafters, not {cfg.model_type!r}")
+        self.layers = len(model.model.layers)
+        self.heads, self.kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.eps = cfg.rms_norm_eps
+        self.model = model.float().eval()
+        rotary = model.model.rotary_emb
+        self.register_buffer("inv_freq", rotary.inv_freq.detach().float().clone(), persistent=False)
+        self.rope_scale = float(getattr(rotary, "attention_scaling", 1.0))
+        self.modules_lora = lora_modules(self.layers)
+
+    def _rms(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * weight
+
+    @staticmethod
+    def _rotate(x: torch.Tensor) -> torch.Tensor:
+        half = x.shape[-1] // 2
+        return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+    @staticmethod
+    def _linear(x: torch.Tensor, weight: torch.Tensor, a_t: torch.Tensor | None = None, b_t: torch.Tensor | None = None) -> torch.Tensor:
+        return x @ weight.t() if a_t is None else x @ weight.t() + (x @ a_t) @ b_t
+
+    def forward(self, input_ids: torch.Tensor, *flat: torch.Tensor):
+        pasts, loras = flat[: 2 * self.layers], flat[2 * self.layers:]
+        lora = dict(zip(self.modules_lora, zip(loras[0::2], loras[1::2]))) if self.with_lora else \
+            {m: () for m in self.modules_lora}
+        inner = self.model.model
+        s = input_ids.shape[1]
+        past = pasts[0].shape[2]
+        positions = torch.arange(s, dtype=torch.float32) + past
+        freqs = positions[:, None] * self.inv_freq[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos, sin = (emb.cos() * self.rope_scale)[None, None], (emb.sin() * self.rope_scale)[None, None]
+        total = past + s
+        rows = torch.arange(s)[:, None] + past
+        cols = torch.arange(total)[None, :]
+        mask = torch.where(cols > rows, torch.tensor(float("-inf")), torch.tensor(0.0))[None, None]
+        x = inner.embed_tokens.weight[input_ids]
+        presents = []
+        group = self.heads // self.kv_heads
+        for i, layer in enumerate(inner.layers):
+            att, mlp = layer.self_attn, layer.mlp
+            name = f"model.layers.{i}"
+            h = self._rms(x, layer.input_layernorm.weight)
+            q = self._linear(h, att.q_proj.weight, *lora[f"{name}.self_attn.q_proj"])
+            k = self._linear(h, att.k_proj.weight, *lora[f"{name}.self_attn.k_proj"])
+            v = self._linear(h, att.v_proj.weight, *lora[f"{name}.self_attn.v_proj"])
+            q = q.view(1, s, self.heads, self.head_dim).transpose(1, 2)
+            k = k.view(1, s, self.kv_heads, self.head_dim).transpose(1, 2)
+            v = v.view(1, s, self.kv_heads, self.head_dim).transpose(1, 2)
+            q = q * cos + self._rotate(q) * sin
+            k = k * cos + self._rotate(k) * sin
+            k = torch.cat((pasts[2 * i], k), dim=2)
+            v = torch.cat((pasts[2 * i + 1], v), dim=2)
+            presents += [k, v]
+            # grouped-query attention without copying k and v per query head: the queries of one
+            # kv head are stacked along the sequence axis ([1, kv, group * s, d])
+            qg = q.reshape(1, self.kv_heads, group * s, self.head_dim)
+            scores = (qg @ k.transpose(2, 3)) / math.sqrt(self.head_dim)
+            scores = scores.reshape(1, self.kv_heads, group, s, total) + mask[:, :, None]
+            probs = scores.softmax(-1).reshape(1, self.kv_heads, group * s, total)
+            out = (probs @ v).reshape(1, self.heads, s, self.head_dim).transpose(1, 2).reshape(1, s, self.heads * self.head_dim)
+            x = x + self._linear(out, att.o_proj.weight, *lora[f"{name}.self_attn.o_proj"])
+            h = self._rms(x, layer.post_attention_layernorm.weight)
+            gate = self._linear(h, mlp.gate_proj.weight, *lora[f"{name}.mlp.gate_proj"])
+            up = self._linear(h, mlp.up_proj.weight, *lora[f"{name}.mlp.up_proj"])
+            x = x + self._linear(nn.functional.silu(gate) * up, mlp.down_proj.weight, *lora[f"{name}.mlp.down_proj"])
+        hidden = self._rms(x[:, -1], inner.norm.weight)
+        logits = hidden @ self.model.get_output_embeddings().weight.t()
+        return (logits, hidden, *presents)
+
+    # ---- names and example tensors for the exporter
+
+    def input_names(self) -> list[str]:
+        kv = [f"past_key_values.{i}.{w}" for i in range(self.layers) for w in ("key", "value")]
+        lora = [f"{m}.lora_{ab}.weight" for m in self.modules_lora for ab in ("A", "B")] if self.with_lora else []
+        return ["input_ids", *kv, *lora]
+
+    def output_names(self) -> list[str]:
+        return ["logits", "hidden", *[f"present.{i}.{w}" for i in range(self.layers) for w in ("key", "value")]]
+
+    def lora_shapes(self) -> dict[str, tuple[int, int]]:
+        """Module path -> (in features, out features) of each adapted Linear."""
+        named = dict(self.model.named_modules())
+        return {m: (named[m].in_features, named[m].out_features) for m in self.modules_lora}
+
+    def example(self, seq: int = 3, past: int = 2, rank: int = 2) -> tuple[torch.Tensor, ...]:
+        ids = torch.zeros(1, seq, dtype=torch.long)
+        kv = [torch.zeros(1, self.kv_heads, past, self.head_dim) for _ in range(2 * self.layers)]
+        lora = []
+        for inp, out in (self.lora_shapes().values() if self.with_lora else []):
+            lora += [torch.zeros(inp, rank), torch.zeros(rank, out)]
+        return (ids, *kv, *lora)

@@ -1,0 +1,201 @@
+"""The drafter exported to ONNX and run on onnxruntime: the graph computes what torch (+ peft)
+computes, adapters switch in one session, a rewind is a shorter past, the app demo runs without
+torch, and a bad export or adapter is one clear line."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import DRAFTER, TEST_HOME
+
+from omnidraft.config import DecodeConfig
+from omnidraft.decode import SpeculativeDecoder
+from omnidraft.drafter import Drafter
+from omnidraft.drafter.onnx_lm import OnnxDraftLM, OrtCausalLM
+from omnidraft.errors import OmnidraftError
+from omnidraft.export.onnx_export import export_adapter, export_drafter
+
+REPO = Path(__file__).resolve().parents[1]
+TEXT = ("def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n    a, b = 0, 1\n    for _ in range(n):\n"
+        "        a, b = b, a + b\n    return a\n\nThe quick brown fox jumps over the lazy dog. ") * 3
+
+
+@pytest.fixture(scope="module")
+def drafter(real_models):
+    model, tok = real_models(DRAFTER)
+    return copy.deepcopy(model).float().eval(), tok
+
+
+@pytest.fixture(scope="module")
+def exports(drafter, real_models, tmp_path_factory):
+    """fp32 and int8 exports of the real drafter, with the Qwen bridge."""
+    from omnidraft.runtime import build_bridge
+
+    model, tok = drafter
+    t_model, t_tok = real_models("builtin:qwen2.5-coder-0.5b")
+    bridges = {"qwen2.5-coder-0.5b": build_bridge(model, tok, t_model, t_tok)}
+    root = tmp_path_factory.mktemp("exports")
+    return {q: export_drafter(model, tok, root / q, quant=q, spec=DRAFTER, bridges=bridges) for q in ("fp32", "int8")}
+
+
+def _peft(model, seed: int):
+    """A LoRA adapter with small random B (peft's B starts at zero), as training would leave it."""
+    from omnidraft.train import lora
+
+    peft = lora.attach(copy.deepcopy(model), lora.lora_config(rank=4, alpha=8))
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in peft.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.02)
+    return peft, lora.lora_state(peft)
+
+
+def _torch_logits(model, ids: list[int]) -> np.ndarray:
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0, -1].float().numpy()
+
+
+@pytest.mark.real
+def test_fp32_graph_matches_torch_with_no_adapter_then_two_adapters_in_one_session(drafter, exports):
+    model, tok = drafter
+    ids = tok.encode(TEXT)[:40]
+    lm = OnnxDraftLM(exports["fp32"])
+    checks = [(None, model)]
+    for seed in (1, 2):
+        peft, state = _peft(model, seed)
+        checks.append(((state, 2.0), peft))  # alpha/rank = 8/4
+    for adapter, reference in checks:
+        lm.apply_adapter(*(adapter or (None,)))
+        logits = lm.logits_for(ids[:30]).numpy()  # prefill
+        assert np.abs(logits - _torch_logits(reference, ids[:30])).max() < 1e-3
+        for n in range(30, 38):  # 8 cached one-token steps
+            logits = lm.step(ids[n]).numpy()
+            assert np.abs(logits - _torch_logits(reference, ids[: n + 1])).max() < 1e-3
+    assert lm.last_hidden.shape == (lm.hidden_size,)
+
+
+@pytest.mark.real
+def test_a_rewind_is_a_shorter_past(exports, drafter):
+    _, tok = drafter
+    ids = tok.encode(TEXT)[:30]
+    lm = OrtCausalLM(exports["fp32"])
+    lm.logits_for(ids)
+    rewound = lm.logits_for(ids[:20] + [ids[25]])  # keeps 20 positions, feeds one new token
+    fresh = OrtCausalLM(exports["fp32"]).logits_for(ids[:20] + [ids[25]])
+    assert len(lm.cached_ids) == 21 and np.abs(rewound - fresh).max() < 1e-4
+
+
+@pytest.mark.real
+def test_int8_agrees_with_fp32_on_the_next_token(exports, drafter):
+    _, tok = drafter
+    ids = tok.encode(TEXT)[:160]
+    fp32, int8 = OrtCausalLM(exports["fp32"]), OrtCausalLM(exports["int8"])
+    agree = 0
+    fp32.logits_for(ids[:10])
+    int8.logits_for(ids[:10])
+    for n in range(10, len(ids)):
+        agree += int(fp32.step(ids[n]).argmax() == int8.step(ids[n]).argmax())
+    rate = agree / (len(ids) - 10)
+    print(f"int8 top-1 agreement with fp32 over {len(ids) - 10} positions: {rate:.3f}")
+    assert rate >= 0.9
+    assert json.loads((exports["int8"] / "manifest.json").read_text())["quant"] == "int8"
+
+
+@pytest.mark.real
+@pytest.mark.parametrize("quant", ["fp32", "int8"])
+def test_greedy_output_with_the_onnx_drafter_is_the_targets(quant, exports, real_models):
+    from omnidraft.runtime import build_bridge, make_drafter
+    from omnidraft.target import TorchTarget
+
+    t_model, t_tok = real_models("builtin:qwen2.5-coder-0.5b")
+    d_model, d_tok = real_models(DRAFTER)
+    target = TorchTarget(t_model, t_tok)
+    bridge = build_bridge(d_model, d_tok, t_model, t_tok)
+    stops = make_drafter(d_model, bridge, target).stop_ids
+    decoder = SpeculativeDecoder(target, Drafter(OnnxDraftLM(exports[quant]), stops), bridge)
+    config = DecodeConfig(max_new_tokens=32, draft_stop="confidence")
+    for prompt in ("def is_prime(n):\n", "The three primary colours are"):
+        ids = t_tok.encode(prompt)
+        assert decoder.generate(ids, config).token_ids == SpeculativeDecoder(target).generate(ids, config).token_ids
+        assert decoder.stats.drafted_tokens > 0
+
+
+@pytest.mark.real
+def test_adapters_export_as_onnx_adapter_files_and_activate_per_run(exports, drafter, tmp_path):
+    from omnidraft.adapter import store
+    from omnidraft.train.publish import save
+
+    model, tok = drafter
+    peft, _ = _peft(model, 3)
+    identity = {"drafter_arch": store.architecture_fingerprint(model)}
+    save(tmp_path / "pair", peft, {"identity": identity, "updates": 1})
+    path = export_adapter(store.load(tmp_path / "pair", None), exports["fp32"], "pair")
+    manifest = json.loads((exports["fp32"] / "manifest.json").read_text())
+    assert manifest["adapters"]["pair"]["file"] == "adapters/pair.onnx_adapter"
+    ids = tok.encode(TEXT)[:24]
+    lm = OrtCausalLM(exports["fp32"])
+    lm.set_adapter_file(path)
+    assert np.abs(lm.logits_for(ids) - _torch_logits(peft, ids)).max() < 1e-3
+    lm.set_adapter_file(None)
+    assert np.abs(lm.logits_for(ids) - _torch_logits(model, ids)).max() < 1e-3
+
+    other = save(tmp_path / "other", peft, {"identity": {"drafter_arch": "0" * 16}})
+    with pytest.raises(OmnidraftError, match="another drafter"):
+        export_adapter(store.load(other.parent, None), exports["fp32"], "other")
+
+
+@pytest.mark.real
+def test_the_app_demo_runs_without_torch(exports):
+    blocker = ("import sys\nclass Block:\n    def find_spec(self, name, path=None, target=None):\n"
+               "        if name.split('.')[0] in ('torch', 'transformers', 'omnidraft'):\n"
+               "            raise ImportError(f'{name} is blocked: an app has no torch')\n"
+               "sys.meta_path.insert(0, Block())\n"
+               f"sys.argv = ['edge_drafter.py', {str(exports['int8'])!r}, 'def fibonacci(n):', '--k', '6']\n"
+               f"exec(compile(open({str(REPO / 'demos' / 'edge_drafter.py')!r}).read(), 'edge_drafter.py', 'exec'))")
+    proc = subprocess.run([sys.executable, "-c", blocker], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "drafted 6 drafter tokens" in proc.stdout and "qwen2.5-coder-0.5b token ids" in proc.stdout
+
+
+def test_a_missing_truncated_or_foreign_export_is_one_line(tmp_path):
+    with pytest.raises(OmnidraftError, match="not an omnidraft export"):
+        OrtCausalLM(tmp_path)
+    (tmp_path / "manifest.json").write_text('{"kind": "something-else"}')
+    with pytest.raises(OmnidraftError, match="not an omnidraft export"):
+        OrtCausalLM(tmp_path)
+    (tmp_path / "manifest.json").write_text("{broken")
+    with pytest.raises(OmnidraftError, match="unreadable"):
+        OrtCausalLM(tmp_path)
+
+
+@pytest.mark.real
+def test_cli_export_then_generate_drafts_through_onnxruntime(tmp_path):
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "models").symlink_to(TEST_HOME / "models", target_is_directory=True)
+    env = dict(os.environ, OMNIDRAFT_HOME=str(home))
+    run = lambda *a: subprocess.run([sys.executable, "-m", "omnidraft", *a], env=env, capture_output=True,  # noqa: E731
+                                    text=True, timeout=900)
+    exported = run("export", "--quant", "int8", "--target", "builtin:qwen2.5-coder-0.5b")
+    assert exported.returncode == 0, exported.stderr[-2000:]
+    folder = home / "export" / "smollm2-135m-int8"
+    assert (folder / "bridge" / "qwen2.5-coder-0.5b" / "d2t.npy").is_file()
+    args = ["generate", "--prompt", "def add(a, b):\n", "--max-new-tokens", "16", "--engine", "torch", "--json",
+            "--draft-stop", "confidence"]
+    onnx, alone = run(*args), run(*args, "--drafter", "none")
+    assert onnx.returncode == 0, onnx.stderr
+    assert json.loads(onnx.stdout)["token_ids"] == json.loads(alone.stdout)["token_ids"]
+    assert json.loads(onnx.stdout)["stats"]["drafted_tokens"] > 0
+    truncated = folder / "model.onnx.data"
+    truncated.write_bytes(truncated.read_bytes()[:1000])
+    broken = run(*args)
+    assert broken.returncode == 2 and "export again" in broken.stderr and "Traceback" not in broken.stderr
