@@ -346,11 +346,12 @@ def load_tokenizer(spec: str, home=None, progress: bool = True):
     """
     from transformers import AutoTokenizer
 
-    key = (spec, str(home_dir(home)))
-    if key in _TOKENIZERS:
-        return _TOKENIZERS[key]
     check_spec(spec)
     model = builtin(spec)
+    # a builtin's tokenizer is fixed by its checksum, whichever home holds it
+    key = (spec, model.sha256) if model is not None else (spec, str(home_dir(home)))
+    if key in _TOKENIZERS:
+        return _TOKENIZERS[key]
     if model is None:
         path = Path(spec).expanduser()
         if is_gguf_file(spec):

@@ -83,9 +83,12 @@ def test_bench_cli_smoke(tmp_path):
     modes = res["modes"]
     assert set(modes) == {"target", "hf-target", "hf-uag", "greedy", "greedy-ngram", "greedy-nocache", "tli", "omnidraft",
                           "llamacpp", "target@llamacpp", "greedy@llamacpp", "greedy-k4@llamacpp"}  # both engines
-    for name in ("greedy", "greedy-ngram", "greedy-nocache", "hf-target", "llamacpp", "greedy@llamacpp"):
-        assert modes[name]["identical_to_target"] is True, name  # (blind k = 4 on llama.cpp may break a near-tie)
-    assert modes["greedy@llamacpp"]["drafted_steps"] == 0  # a 30 ms drafter never pays against a 20 ms step
+    for name in ("greedy", "greedy-ngram", "greedy-nocache", "hf-target", "llamacpp"):
+        assert modes[name]["identical_to_target"] is True, name
+    # (verifying several tokens at once on llama.cpp's default build may break a near-tie: test_llamacpp_e2e)
+    # whether drafting pays is timed, so the smoke test only checks that the policy reports per engine
+    # (test_llamacpp_e2e checks that it does not draft at a loss)
+    assert res["meta"]["policy"]["greedy@llamacpp"]["verify_ms_by_proposals"]
     assert res["meta"]["policy"]["greedy"]["verify_ms_by_proposals"]  # what the policy measured is reported
     for name, row in modes.items():
         assert row["tokens_per_s"] > 0 and row["prompts"] == 2

@@ -130,6 +130,8 @@ def test_status_line_is_dim_only_when_asked():
     one = DecodeStats(target_forwards=1, new_tokens=1, wall_s=1.0)
     assert format_status(one, speculative=False, interrupted=True).startswith("[1 token · 1.0 tok/s · accept –")
     assert format_status(one, speculative=False, interrupted=True).endswith("· interrupted]")
+    copied = DecodeStats(target_forwards=4, new_tokens=10, wall_s=2.0, lookup_steps=2, lookup_proposed=9, lookup_accepted=7)
+    assert format_status(copied, speculative=True).endswith("n-gram hits 0/0 · lookup 7/9]")
 
 
 def test_write_json_atomic_writes_valid_json_or_one_clear_error(tmp_path):

@@ -390,9 +390,14 @@ def shared_models(real_models):
             return copy.deepcopy(pristine), drafter_tok
         return targets[spec]
 
-    models.load = load
+    original_gguf = models.gguf_of
+
+    def gguf_of(spec, home=None, progress=True):  # the test home's assembled builtin GGUF, not a 0.5 GB copy per home
+        return original_gguf(spec, TEST_HOME if models.builtin(spec) else home, progress=False)
+
+    models.load, models.gguf_of = load, gguf_of
     yield
-    models.load = original
+    models.load, models.gguf_of = original, original_gguf
 
 
 def _real_adapter(real_models, folder: Path) -> None:

@@ -51,27 +51,39 @@ def test_drafting_on_llama_cpp_keeps_its_greedy_output(llama_pair, text, chat):
     forced = DecodeConfig(max_new_tokens=NEW_TOKENS, draft_len=4, draft_stop="fixed")
     got = decoder.generate(ids, forced).token_ids
     assert decoder.stats.proposed_tokens > 0 and decoder.stats.target_forwards < len(got)
+    assert_same_up_to_a_near_tie(target, ids, got, plain, f"{spec} {text[:20]!r}")
+
+
+def assert_same_up_to_a_near_tie(target, ids: list[int], got: list[int], plain: list[int], label: str) -> None:
+    """``got`` equals ``plain``, or first differs where the target's top-2 logits nearly tie."""
     if got == plain:
         return
-    pos = next(i for i, (a, b) in enumerate(zip(got, plain)) if a != b)
+    pos = next((i for i, (a, b) in enumerate(zip(got, plain)) if a != b), min(len(got), len(plain)))
     top2 = target.score(ids + plain[:pos], 0)[0].topk(2).values
     gap = float(top2[0] - top2[1])
-    print(f"[{spec} {text[:20]!r}] batched verify diverged at token {pos}: top-2 gap {gap:.3f}")
+    print(f"[{label}] batched verify diverged at token {pos}: top-2 gap {gap:.3f}")
     assert gap < NEAR_TIE, f"diverged at {pos} without a near-tie (top-2 gap {gap:.3f})"
 
 
 @pytest.mark.real
 def test_the_cost_policy_does_not_draft_at_a_loss_on_llama_cpp(llama_pair):
-    """A bf16 torch drafter costs more per token than a llama.cpp step of these targets: the
-    default policy decodes plainly, with the same output as the target alone."""
+    """The default policy measures both costs and keeps the target's output. Whether drafting pays
+    depends on the machine (a bf16 drafter on AMX tiles can be cheaper than a llama.cpp step), so
+    the test holds the policy to its own measurements: a drafter that costs more per token than a
+    plain step is never used."""
     spec, target, decoder = llama_pair
     ids = encode_prompt(target.tokenizer, "def fib(n):\n")
     config = DecodeConfig(max_new_tokens=24)
     plain = SpeculativeDecoder(target).generate(ids, config).token_ids
-    assert decoder.generate(ids, config).token_ids == plain
+    got = decoder.generate(ids, config).token_ids
+    if decoder.stats.plain_steps == decoder.stats.steps:
+        assert got == plain  # one-token evals only: exactly the target alone
+    else:  # it drafted (prompt lookup, or a fast drafter on this machine): batched verifies, see above
+        assert_same_up_to_a_near_tie(target, ids, got, plain, spec)
     budget = decoder.budget
-    assert budget.measured and budget.draft.seconds_per_token > budget.verify(0)
-    assert decoder.stats.plain_steps == decoder.stats.steps  # every step a plain one
+    assert budget.measured and budget.draft.seconds_per_token > 0 and budget.verify(0) > 0
+    if budget.draft.seconds_per_token > budget.verify(0):
+        assert decoder.stats.drafted_tokens == 0  # the drafter never ran (free lookup drafts may)
 
 
 def _cli(*args: str, code: str | None = None) -> subprocess.CompletedProcess:

@@ -14,14 +14,14 @@ def fmt(value, spec: str = ".2f") -> str:
 
 def markdown_table(summary: dict[str, dict]) -> str:
     head = ("| mode | tok/s | speedup vs target (median) | mean | acceptance | tokens/target fwd | drafted steps | "
-            "n-gram hits (acc/prop) | draft/verify/bridge/other s | identical |")
-    lines = [head, "|" + "---|" * 10]
+            "lookup steps (tokens acc/prop) | n-gram hits (acc/prop) | draft/verify/bridge/other s | identical |")
+    lines = [head, "|" + "---|" * 11]
     for mode, r in summary.items():
         split = r["time_split_s"]
         ident = r.get("identical_to_target")
         lines.append(
             f"| {mode} | {r['tokens_per_s']:.2f} | {fmt(r['speedup_vs_target'])}× | {fmt(r['speedup_vs_target_mean'])}× | "
-            f"{fmt(r['acceptance_rate'])} | {fmt(r['tokens_per_target_forward'])} | {_drafted(r)} | "
+            f"{fmt(r['acceptance_rate'])} | {fmt(r['tokens_per_target_forward'])} | {_drafted(r)} | {_lookup(r)} | "
             f"{r['ngram_hits_accepted']}/{r['ngram_hits_proposed']} | "
             f"{split['draft']:.1f}/{split['verify']:.1f}/{split['bridge']:.1f}/{split['other']:.1f} | "
             f"{'–' if ident is None else ('yes' if ident else 'NO')} |")
@@ -31,6 +31,11 @@ def markdown_table(summary: dict[str, dict]) -> str:
 def _drafted(row: dict) -> str:
     steps = row.get("steps") or 0
     return f"{row.get('drafted_steps', 0)}/{steps}" if steps else "–"
+
+
+def _lookup(row: dict) -> str:
+    steps = row.get("lookup_steps") or 0
+    return f"{steps} ({row.get('lookup_accepted', 0)}/{row.get('lookup_proposed', 0)})" if steps else "–"
 
 
 def policy_lines(policy: dict[str, dict]) -> str:

@@ -21,7 +21,8 @@ from omnidraft.ngram.trie import NgramCache, NgramTrie
 
 # greedy: text translation (our default); greedy-ngram: the paper's token mapping + n-gram cache;
 # greedy-nocache: token mapping alone. tli / omnidraft: rejection sampling at --temperature.
-OUR_MODES = ("target", "greedy", "greedy-ngram", "greedy-nocache", "tli", "omnidraft", "lookup", "greedy-nolookup")
+OUR_MODES = ("target", "greedy", "greedy-ngram", "greedy-nocache", "tli", "omnidraft", "text-sample", "lookup",
+             "greedy-nolookup")
 HF_MODES = ("hf-target", "hf-uag", "hf-lookup")
 # On llama.cpp: its own greedy loop (llama-cpp-python's ``Llama.generate``), our loop with the
 # target alone, ours with the cost-aware draft policy, and ours drafting blindly (always k = 4).
@@ -56,6 +57,9 @@ class PromptRun:
     steps: int = 0
     plain_steps: int = 0  # steps the draft policy left to the target alone
     wire_bytes: int = 0  # message bytes both ways, for a remote target
+    lookup_steps: int = 0  # steps that verified a prompt-lookup draft instead of the drafter's
+    lookup_proposed: int = 0
+    lookup_accepted: int = 0
 
     @property
     def tokens_per_s(self) -> float:
@@ -99,7 +103,10 @@ def summarize(runs: dict[str, list[PromptRun]], baseline: str | None = "target",
             "ngram_hits_proposed": sum(r.ngram_hits_proposed for r in mode_runs),
             "ngram_hits_accepted": sum(r.ngram_hits_accepted for r in mode_runs),
             "time_split_s": split,
-            "drafted_steps": sum(r.steps - r.plain_steps for r in mode_runs),
+            "drafted_steps": sum(r.steps - r.plain_steps - r.lookup_steps for r in mode_runs),  # by the drafter
+            "lookup_steps": sum(r.lookup_steps for r in mode_runs),
+            "lookup_proposed": sum(r.lookup_proposed for r in mode_runs),
+            "lookup_accepted": sum(r.lookup_accepted for r in mode_runs),
             "wire_bytes_per_token": sum(r.wire_bytes for r in mode_runs) / tokens if tokens else None,
             "steps": sum(r.steps for r in mode_runs),
         }
@@ -134,7 +141,7 @@ def our_mode(decoder: SpeculativeDecoder, config: DecodeConfig) -> ModeFn:
         return PromptRun(result.token_ids, s.wall_s, s.target_forwards, s.drafted_tokens, s.proposed_tokens,
                          s.accepted_tokens, s.acceptance_rate if drafting else None, s.ngram_hits_proposed,
                          s.ngram_hits_accepted, {"draft": s.draft_s, "verify": s.verify_s, "bridge": s.bridge_s, "other": s.other_s},
-                         s.steps, s.plain_steps, wire)
+                         s.steps, s.plain_steps, wire, s.lookup_steps, s.lookup_proposed, s.lookup_accepted)
 
     run.decoder = decoder  # what the draft policy measured and chose, for the report
     return run
@@ -193,9 +200,23 @@ def llama_native_mode(target, max_new_tokens: int) -> ModeFn:
     """llama-cpp-python's own greedy loop (``Llama.generate``) on the GGUF our llama.cpp target runs:
     the speed a CPU user already has without omnidraft."""
     import llama_cpp
+    import llama_cpp.llama as high_level
 
-    llm = llama_cpp.Llama(str(target.path), n_ctx=target.max_context, n_threads=target.n_threads,
-                          n_threads_batch=target.n_threads, verbose=False)
+    from omnidraft.target.llamacpp import use_extra_buffers
+
+    defaults = high_level.llama_cpp.llama_model_default_params
+
+    def same_weights_as_ours():  # Llama() takes no use_extra_bufts: its defaults are patched while it loads
+        params = defaults()
+        params.use_extra_bufts = use_extra_buffers()
+        return params
+
+    high_level.llama_cpp.llama_model_default_params = same_weights_as_ours
+    try:
+        llm = llama_cpp.Llama(str(target.path), n_ctx=target.max_context, n_threads=target.n_threads,
+                              n_threads_batch=target.n_threads, verbose=False)
+    finally:
+        high_level.llama_cpp.llama_model_default_params = defaults
 
     def run(prompt_ids: list[int]) -> PromptRun:
         out: list[int] = []
@@ -235,6 +256,7 @@ def build_modes(pipe, modes: Sequence[str], base: DecodeConfig, temperature: flo
         "greedy-nocache": lambda: spec(cfg(verify="greedy", translate="tokens", use_ngram=False, lookup=False), NgramTrie()),
         "tli": lambda: spec(cfg(verify="tli", temperature=temperature), NgramTrie()),
         "omnidraft": lambda: spec(cfg(verify="omnidraft", temperature=temperature), ngrams_factory()),
+        "text-sample": lambda: spec(cfg(verify="text-sample", temperature=temperature, translate="text"), ngrams_factory()),
         "hf-target": lambda: hf_mode(pipe.target_model, target.tokenizer, max_new_tokens),
         "hf-uag": lambda: hf_mode(pipe.target_model, target.tokenizer, max_new_tokens, pipe.drafter_model, bridge.drafter_tokenizer),
         "hf-lookup": lambda: hf_mode(pipe.target_model, target.tokenizer, max_new_tokens, prompt_lookup=10),

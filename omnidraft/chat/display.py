@@ -107,7 +107,7 @@ def format_status(stats: Any, *, speculative: bool, interrupted: bool = False, d
     accept = f"{stats.acceptance_rate:.2f}" if speculative else "– (no drafter)"
     text = (f"[{plural(stats.new_tokens, 'token')} · {stats.tokens_per_s:.1f} tok/s · accept {accept} · "
             f"{stats.tokens_per_target_forward:.1f} tok/target fwd · "
-            f"n-gram hits {stats.ngram_hits_accepted}/{stats.ngram_hits_proposed}"
+            f"n-gram hits {stats.ngram_hits_accepted}/{stats.ngram_hits_proposed}{_lookup(stats)}"
             f"{' · interrupted' if interrupted else ''}]")
     return f"{DIM}{text}{RESET}" if dim else text
 
@@ -117,4 +117,10 @@ def session_line(turns: int, totals: Any) -> str:
     acc = f"{totals.acceptance_rate:.2f}" if totals.step_rates else "–"
     return (f"session: {plural(turns, 'turn')} · {plural(totals.new_tokens, 'token')} · {totals.tokens_per_s:.1f} tok/s · "
             f"mean accept {acc} · {totals.tokens_per_target_forward:.2f} tok/target fwd · "
-            f"n-gram hits {totals.ngram_hits_accepted}/{totals.ngram_hits_proposed}")
+            f"n-gram hits {totals.ngram_hits_accepted}/{totals.ngram_hits_proposed}{_lookup(totals)}")
+
+
+def _lookup(stats: Any) -> str:
+    """Prompt-lookup tokens accepted/proposed, only when lookup drafted at all (most replies: never)."""
+    steps = getattr(stats, "lookup_steps", 0)
+    return f" · lookup {stats.lookup_accepted}/{stats.lookup_proposed}" if steps else ""

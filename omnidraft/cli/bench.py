@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from omnidraft.cli.options import (
@@ -47,7 +47,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help=f"comma-separated; default: {DEFAULT_MODES} on the torch engine, plus {LLAMA_DEFAULT_MODES} "
                         "when the target also runs on llama.cpp (--engine auto|llamacpp)")
     p.add_argument("--sample-temperature", type=number(0, low_open=True), default=0.7,
-                   help="temperature of the sampling modes (tli, omnidraft); the greedy modes run at 0 (default 0.7)")
+                   help="temperature of the sampling modes (tli, omnidraft, text-sample); the greedy modes run at 0 (default 0.7)")
     add_model_options(p)
     add_decode_options(p, skip=MODE_FIELDS)
     cache = p.add_argument_group("n-gram cache of the modes that learn one (greedy, greedy-ngram, omnidraft)")
@@ -130,15 +130,23 @@ def run_meta(args: argparse.Namespace, n: int) -> dict:
             "seed": args.seed, "threads": torch.get_num_threads(), "rtt_ms": getattr(args, "rtt_ms", 0.0)}
 
 
-def load_for_bench(args: argparse.Namespace, adapter: str | None = None):
+def load_for_bench(args: argparse.Namespace, adapter: str | None = None, modes: Sequence[str] = ()):
     """The pipeline, with its own n-gram cache in memory: the home's store is opened only when
-    asked for (--ngram-cache home, once per mode), so a bench never writes the user's state."""
+    asked for (--ngram-cache home, once per mode), so a bench never writes the user's state.
+
+    The target loads on torch unless every mode in ``modes`` runs on llama.cpp: then nothing is
+    dequantized (a 1.5B GGUF would become 6 GB of fp32 weights that no mode uses)."""
+    from omnidraft.bench.runner import LLAMA_MODES
     from omnidraft.runtime import CacheOptions, load_pipeline
 
     remote = args.target.startswith(("grpc://", "grpcs://"))
+    llama_only = bool(modes) and all(m in LLAMA_MODES for m in modes)
+    engine = "auto" if remote else ("llamacpp" if llama_only else "torch")
     return load_pipeline(args.target, args.drafter, dtype=args.dtype, drafter_dtype=args.drafter_dtype,
                          cache=CacheOptions(enabled=False), adapter=adapter or args.adapter,
-                         engine="auto" if remote else "torch", remote=remote_options(args))
+                         engine=engine, remote=remote_options(args),
+                         # the plain modes keep the eager drafter unless told; the -onnx modes add the export
+                         drafter_backend="torch" if args.drafter_backend == "auto" else args.drafter_backend)
 
 
 def _onnx_drafter(args: argparse.Namespace, pipe):
@@ -156,6 +164,8 @@ def _llama_target(args: argparse.Namespace, pipe):
     from omnidraft import models
     from omnidraft.target.llamacpp import LlamaCppTarget
 
+    if isinstance(pipe.decoder.target, LlamaCppTarget):  # loaded there already (only llama.cpp modes)
+        return pipe.decoder.target
     gguf = models.gguf_of(args.target)
     if gguf is None:
         raise OmnidraftError(f"the @llamacpp modes need a GGUF target (builtin:NAME or a .gguf file), not {args.target}")
@@ -181,7 +191,7 @@ def run(args: argparse.Namespace) -> int:
     if not records:
         raise OmnidraftError(f"--prompts {args.prompts} has no prompts at offset {args.offset}")
     args.out.mkdir(parents=True, exist_ok=True)  # a file in the way fails now, not after the run
-    pipe = load_for_bench(args)
+    pipe = load_for_bench(args, modes=modes)
     prompts = [encode_prompt(pipe.target_tokenizer, r.text, chat=r.chat) for r in records]
     factory = _ngram_factory(args, pipe) if pipe.decoder.drafter is not None else None
     llama = _llama_target(args, pipe) if any(m in LLAMA_MODES for m in modes) else None

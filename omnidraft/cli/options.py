@@ -141,7 +141,8 @@ _DECODE_FLAGS: dict[str, tuple[Callable[[str], Any] | None, str]] = {
     "verify": (None, "verification rule; default greedy at temperature 0, else the exact sampling rule"),
     "draft_len": (COUNT, "most drafter tokens per step (k)"),
     "draft_stop": (None, "when a draft ends: head (the adapter's acceptance head), confidence, fixed (always k); "
-                         "auto: head when the adapter has one, else confidence"),
+                         "auto: the cost-aware policy (drafts only while one more token is expected to raise "
+                         "tokens per second, from measured verify and draft costs)"),
     "draft_confidence": (number(0, 1, high_open=True), "confidence stop: end a draft after a token the drafter gives "
                                                        "less than this probability"),
     "stop_gamma": (number(0, 1, low_open=True, high_open=True), "head stop: end a draft once P(some drafted token is "

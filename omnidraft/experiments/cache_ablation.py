@@ -177,7 +177,10 @@ def speculative_config(base: DecodeConfig, verify: str, temperature: float) -> D
     proposes n-grams), greedy (lossless, deterministic acceptance) or omnidraft sampling."""
     if verify not in ABLATION_VERIFIERS:
         raise OmnidraftError(f"the cache ablation verifies with {' or '.join(ABLATION_VERIFIERS)}, not {verify!r}")
-    config = replace(base, verify=verify, translate="tokens", use_ngram=True, lookup=False,
+    # the cost-aware policy may decide not to draft at all (a slow drafter, a busy machine): then no
+    # n-gram is ever learned, so the ablation always drafts, stopping on the drafter's confidence
+    stop = "confidence" if base.draft_stop == "auto" else base.draft_stop
+    config = replace(base, verify=verify, translate="tokens", use_ngram=True, lookup=False, draft_stop=stop,
                      temperature=0.0 if verify == "greedy" else temperature)
     config.validate()
     return config

@@ -51,6 +51,10 @@ _LOG: deque[tuple[int, str]] = deque(maxlen=64)  # llama.cpp's recent log lines,
 _LOG_CALLBACK = None  # the ctypes callback must outlive every call into llama.cpp
 _BACKEND_READY = False
 _HAS_LLAMAFILE: bool | None = None
+# A build with ggml's AMX kernels (x86 -march=native on Sapphire Rapids and later) repacks Q4_K/Q8_0
+# weights into AMX buffers and crashes in the first eval (llama.cpp issue 20824): such a build loads
+# weights without extra buffer types. scripts/setup.sh builds without AMX, so this is for other builds.
+_HAS_AMX: bool = False
 
 
 def _llama_cpp():
@@ -72,9 +76,10 @@ def _llama_cpp():
         _LOG_CALLBACK = _keep_log
     llama_cpp.llama_log_set(_LOG_CALLBACK, ctypes.c_void_p(0))  # re-set: importing llama_cpp installs a printer
     if not _BACKEND_READY:
-        global _HAS_LLAMAFILE
+        global _HAS_LLAMAFILE, _HAS_AMX
         info = llama_cpp.llama_print_system_info().decode("utf-8", "replace")
         _HAS_LLAMAFILE = "LLAMAFILE = 1" in info
+        _HAS_AMX = "AMX_INT8 = 1" in info
         if not _HAS_LLAMAFILE:
             # a llamafile-free build serves batch-invariant targets: ggml's tiled matmul (batches of 8+)
             # must be off too, and ggml reads this switch once, at the process's first matmul
@@ -82,6 +87,12 @@ def _llama_cpp():
         llama_cpp.llama_backend_init()
         _BACKEND_READY = True
     return llama_cpp
+
+
+def use_extra_buffers(batch_invariant: bool = False) -> bool:
+    """Whether llama.cpp may repack weights into extra buffer types: not for a batch-invariant target
+    (repacked weights use gemm for 4+ rows, gemv for fewer), nor with a build's AMX kernels (they crash)."""
+    return not batch_invariant and not _HAS_AMX
 
 
 GGML_LOG_LEVEL_ERROR = 4  # ggml.h of the llama.cpp inside llama-cpp-python 0.3.36 (NONE, DEBUG, INFO, WARN, ERROR, CONT)
@@ -184,7 +195,7 @@ class LlamaCppTarget:
         else:
             mparams = lc.llama_model_default_params()
             mparams.n_gpu_layers = 0
-            mparams.use_extra_bufts = not self.batch_invariant  # repacked weights use gemm for 4+ rows, gemv for fewer
+            mparams.use_extra_bufts = use_extra_buffers(self.batch_invariant)
             _LOG.clear()
             model = lc.llama_model_load_from_file(str(path).encode(), mparams)
             if not model:
