@@ -40,12 +40,25 @@ def test_fast_path_is_scoped_to_enabled():
     model = fastlinear.install(Tiny(), transposed_head=True)
     calls = []
     model.head._omnidraft_wt = torch.zeros_like(model.head._omnidraft_wt)  # make the fast path visible
+    fastlinear._CHOICE[(50, 32, 1, True)] = fastlinear._transposed  # as if it had timed fastest
     x = torch.randn(1, 1, 16)
     calls.append(bool(model(x).abs().sum() > 0))
     with fastlinear.enabled():
         calls.append(bool(model(x).abs().sum() > 0))
     calls.append(bool(model(x).abs().sum() > 0))
     assert calls == [True, False, True]
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+def test_every_candidate_kernel_computes_f_linear_and_the_choice_is_kept(rows):
+    torch.manual_seed(1)
+    model = fastlinear.install(Tiny(), transposed_head=True)
+    x = torch.randn(rows, 32)
+    expected = torch.nn.functional.linear(x, model.head.weight)
+    for kernel in (fastlinear._f_linear, fastlinear._weights_first, fastlinear._transposed):
+        torch.testing.assert_close(kernel(model.head, x), expected, rtol=1e-5, atol=1e-5)
+    chosen = fastlinear._choose(model.head, x)
+    assert fastlinear._choose(model.head, x) is chosen is fastlinear._CHOICE[(50, 32, rows, True)]
 
 
 def test_translate_option_is_validated():

@@ -39,6 +39,9 @@ class OrtCausalLM:
         options.log_severity_level = 3  # the LoRA inputs' defaults are initializers on purpose: no warning per input
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
+        # the drafter shares the cores with the target: workers that spin after a run (onnxruntime's
+        # default) steal the target's next forward
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         try:
