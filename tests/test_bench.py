@@ -43,7 +43,8 @@ def test_summarize_ratios_and_identity():
     assert s["greedy-nocache"]["identical_to_target"] is False
     assert s["target"]["acceptance_rate"] is None
     table = markdown_table(s)
-    assert "| greedy | 2.00 | 1.50× |" in table and "NO" in table
+    assert s["greedy-nocache"]["identical_prompts"] == 1  # the second prompt matches, the first does not
+    assert "| greedy | 2.00 | 1.50× |" in table and "| NO (1/2) |" in table
 
 
 def test_run_bench_on_a_tiny_model_shares_prompts_and_orders_runs():

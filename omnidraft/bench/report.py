@@ -18,19 +18,26 @@ def markdown_table(summary: dict[str, dict]) -> str:
     lines = [head, "|" + "---|" * 11]
     for mode, r in summary.items():
         split = r["time_split_s"]
-        ident = r.get("identical_to_target")
         lines.append(
             f"| {mode} | {r['tokens_per_s']:.2f} | {fmt(r['speedup_vs_target'])}× | {fmt(r['speedup_vs_target_mean'])}× | "
             f"{fmt(r['acceptance_rate'])} | {fmt(r['tokens_per_target_forward'])} | {_drafted(r)} | {_lookup(r)} | "
             f"{r['ngram_hits_accepted']}/{r['ngram_hits_proposed']} | "
             f"{split['draft']:.1f}/{split['verify']:.1f}/{split['bridge']:.1f}/{split['other']:.1f} | "
-            f"{'–' if ident is None else ('yes' if ident else 'NO')} |")
+            f"{_identical(r)} |")
     return "\n".join(lines) + "\n"
 
 
 def _drafted(row: dict) -> str:
     steps = row.get("steps") or 0
     return f"{row.get('drafted_steps', 0)}/{steps}" if steps else "–"
+
+
+def _identical(row: dict) -> str:
+    """yes, NO (k of n prompts identical), or – for a mode not compared (sampling)."""
+    ident = row.get("identical_to_target")
+    if ident is None:
+        return "–"
+    return "yes" if ident else f"NO ({row.get('identical_prompts', 0)}/{row['prompts']})"
 
 
 def _lookup(row: dict) -> str:

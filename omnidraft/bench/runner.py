@@ -111,7 +111,9 @@ def summarize(runs: dict[str, list[PromptRun]], baseline: str | None = "target",
             "steps": sum(r.steps for r in mode_runs),
         }
         if mode in compare and base:
-            row["identical_to_target"] = all(r.token_ids == b.token_ids for r, b in zip(mode_runs, base))
+            same = [r.token_ids == b.token_ids for r, b in zip(mode_runs, base)]
+            row["identical_to_target"] = all(same)
+            row["identical_prompts"] = sum(same)  # how many prompts, where not all (llama.cpp near-ties)
         out[mode] = row
     return out
 
