@@ -17,9 +17,10 @@ from dataclasses import asdict, dataclass, field, fields
 import torch
 
 from omnidraft.config import DecodeConfig
-from omnidraft.console import Utf8Stream
+from omnidraft.console import Utf8Stream, warn
 from omnidraft.drafter import Draft, Drafter, DraftPolicy, Sampler
 from omnidraft.drafter.budget import DraftBudget
+from omnidraft.drafter.history import PROMPT_TAIL, LookupHistory
 from omnidraft.drafter.lookup import LookupIndex
 from omnidraft.drafter.policy import stop_rule
 from omnidraft.errors import OmnidraftError
@@ -46,6 +47,7 @@ class DecodeStats:
     target_forwards: int = 0
     plain_steps: int = 0  # steps where the draft policy chose not to draft (it would not have paid)
     lookup_steps: int = 0  # steps that verified a prompt-lookup draft
+    history_steps: int = 0  # of those, drafts from earlier outputs (the lookup history), not the context
     lookup_proposed: int = 0
     lookup_accepted: int = 0
     drafted_tokens: int = 0
@@ -141,9 +143,12 @@ class SpeculativeDecoder:
     """Target (+ optional drafter and bridge) with the loop as a generator and as a call."""
 
     def __init__(self, target: Target, drafter: Drafter | None = None,
-                 bridge: VocabBridge | None = None, ngrams: NgramCache | None = None, lookup: bool | None = None) -> None:
+                 bridge: VocabBridge | None = None, ngrams: NgramCache | None = None, lookup: bool | None = None,
+                 history: LookupHistory | None = None) -> None:
         """``lookup``: draft by prompt lookup where the config allows it (default: when there is a
-        drafter, so the target alone stays the baseline; True: lookup alone without a drafter)."""
+        drafter, so the target alone stays the baseline; True: lookup alone without a drafter).
+        ``history``: earlier outputs to look up when the context has no match; each request with
+        lookup on adds its output to it."""
         if (drafter is None) != (bridge is None):
             raise ValueError("a drafter needs a vocabulary bridge and vice versa")
         self.target, self.drafter, self.bridge = target, drafter, bridge
@@ -157,6 +162,7 @@ class SpeculativeDecoder:
         self.budget = DraftBudget()  # measured costs and acceptance, kept across requests
         self.use_lookup = drafter is not None if lookup is None else lookup
         self.lookup = LookupIndex()
+        self.history = history
 
     # ---- public API ----------------------------------------------------------------------------
     def generate(self, prompt_ids: Sequence[int], config: DecodeConfig) -> DecodeResult:
@@ -237,6 +243,8 @@ class SpeculativeDecoder:
             if self.ngrams is not None:
                 self.ngrams.flush()
                 self.stats.ngram_cache_entries_at_end = len(self.ngrams)
+            if self.history is not None and lookup and self.stats.new_tokens:
+                self._remember(len(prompt_ids), ids)
             for obs in observers:
                 obs.on_finish()
 
@@ -255,9 +263,23 @@ class SpeculativeDecoder:
         self.lookup.sync(ids)
         k_max = min(LOOKUP_MAX, remaining - 1)
         copied, _ = self.lookup.propose(k_max)
-        if copied and cost_aware:
+        from_history = not copied and self.history is not None
+        if from_history:
+            copied = self.history.propose(ids, k_max)
+        if copied and cost_aware:  # the same cut for both: verification decides what is kept
             copied = copied[: self.budget.plan_lookup(len(copied))]
+        if copied and from_history:
+            self.stats.history_steps += 1  # a non-empty draft is always verified by _lookup_step
         return copied
+
+    def _remember(self, prompt_len: int, ids: list[int]) -> None:
+        """Add the output (after the prompt's last ids, so its first tokens can be found from
+        them) to the lookup history and write it; a failure is one line, never a failed request."""
+        try:
+            self.history.record(ids[max(prompt_len - PROMPT_TAIL, 0):])
+            self.history.save()
+        except Exception as exc:  # noqa: BLE001 - the history only accelerates; the output is already out
+            warn(f"the lookup history was not updated: {exc}")
 
     def _lookup_step(self, ids: list[int], copied: list[int], config: DecodeConfig, cost_aware: bool,
                      rows: RowRequest | None):

@@ -8,6 +8,7 @@ sliding-window layers crop exactly too (the sliding window lives in the attentio
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 
 import torch
@@ -47,6 +48,12 @@ def max_positions_of(model: torch.nn.Module) -> int:
     return int(limit) if isinstance(limit, int) and limit > 0 else 2**31
 
 
+def cache_keyword(model: torch.nn.Module) -> str:
+    """The forward argument that takes the KV cache: ``cache`` in recent transformers 5 releases
+    (which warn on the old name and drop it in 5.40), ``past_key_values`` before."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
 class CachedLM:
     """Model + KV cache + the token ids the cache holds."""
 
@@ -54,6 +61,7 @@ class CachedLM:
         self.model = fastlinear.install(model, transposed_head)
         self.device = next(model.parameters()).device
         self.vocab_size = output_vocab_size(model)
+        self._cache_kw = cache_keyword(model)
         self.reset()
 
     def reset(self) -> None:
@@ -82,8 +90,8 @@ class CachedLM:
     def _forward(self, new: list[int], keep: int) -> torch.Tensor:
         input_ids = torch.tensor([new], dtype=torch.long, device=self.device)
         with fastlinear.enabled():
-            out = self.model(input_ids=input_ids, past_key_values=self.cache, use_cache=True, logits_to_keep=keep)
-        self.cache = out.past_key_values
+            out = self.model(input_ids=input_ids, use_cache=True, logits_to_keep=keep, **{self._cache_kw: self.cache})
+        self.cache = out[self._cache_kw]
         self.cached_ids.extend(new)
         return out.logits
 
@@ -91,8 +99,8 @@ class CachedLM:
     def step(self, token: int) -> torch.Tensor:
         """Feed one token after the cached ones (the drafting hot path: no prefix bookkeeping)."""
         with fastlinear.enabled():
-            out = self.model(input_ids=torch.tensor([[token]], device=self.device), past_key_values=self.cache,
-                             use_cache=True, logits_to_keep=1)
-        self.cache = out.past_key_values
+            out = self.model(input_ids=torch.tensor([[token]], device=self.device), use_cache=True, logits_to_keep=1,
+                             **{self._cache_kw: self.cache})
+        self.cache = out[self._cache_kw]
         self.cached_ids.append(token)
         return out.logits[0, -1].float()

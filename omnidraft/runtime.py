@@ -1,8 +1,9 @@
 """Assemble a ready-to-run decoder from model specs: the glue the CLI, demos and benchmark share.
 
 ``load_pipeline`` loads the target and the drafter, builds the vocabulary bridge, opens the pair's
-persistent n-gram cache and puts the pair's adapter (if one was trained) into the drafter. It
-imports nothing from ``omnidraft.train``: decoding needs only what ``omnidraft.adapter`` reads.
+persistent n-gram cache and the target's lookup history, and puts the pair's adapter (if one was
+trained) into the drafter. It imports nothing from ``omnidraft.train``: decoding needs only what
+``omnidraft.adapter`` reads.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from omnidraft.console import notice, warn
 from omnidraft.decode import DecodeObserver, SpeculativeDecoder
 from omnidraft.drafter import Drafter
 from omnidraft.drafter.budget import DraftBudget
+from omnidraft.drafter.history import LookupHistory, open_history
 from omnidraft.drafter.torch_lm import TorchDraftLM, convert_drafter
 from omnidraft.errors import OmnidraftError
 from omnidraft.fsutil import atomic_write_json
@@ -138,6 +140,18 @@ def open_ngram_cache(drafter_tok, target_tok, options: CacheOptions, home=None) 
         raise OmnidraftError(f"bad n-gram cache option: {exc}") from None
 
 
+def open_lookup_history(target_tok, options: CacheOptions, home=None) -> LookupHistory | None:
+    """The target tokenizer's lookup history under the n-gram cache's switch: none when that cache
+    is in memory only (``--no-ngram``, benchmarks), read-only when it is frozen (evaluation)."""
+    if not options.enabled:
+        return None
+    try:
+        return open_history(target_tok, home=home, read_only=options.frozen)
+    except OSError as exc:  # e.g. a cache_store/ we may not read: draft from the context alone
+        warn(f"cannot open the lookup history ({exc.strerror or exc}); drafting without it")
+        return None
+
+
 def load_pipeline(target_spec: str, drafter_spec: str | None, *, home=None, dtype: str = "float32",
                   drafter_dtype: str = DEFAULT_DRAFTER_DTYPE, cache: CacheOptions | None = None, quiet: bool = False,
                   adapter: str = "auto", engine: str = "auto", remote: RemoteOptions | None = None,
@@ -182,8 +196,9 @@ def load_pipeline(target_spec: str, drafter_spec: str | None, *, home=None, dtyp
         raise OmnidraftError(f"{drafter_spec} and {target_spec} share no token: nothing can be drafted")
     identity = adapters.Identity(vocab_fingerprint(drafter_tok)[:16], vocab_fingerprint(target_tok)[:16], arch)
     ngrams = open_ngram_cache(drafter_tok, target_tok, cache or CacheOptions(), home)
+    history = open_lookup_history(target_tok, cache or CacheOptions(), home)
     drafter = Drafter(lm, stop_ids=[d for d, t in enumerate(bridge.d2t_list) if t in target.eos_ids])
-    decoder = SpeculativeDecoder(target, drafter, bridge, ngrams)
+    decoder = SpeculativeDecoder(target, drafter, bridge, ngrams, history=history)
     slot = AdapterSlot(drafter, identity, adapters.pair_dir(drafter_spec, target_spec, home))
     decoder.observers.append(slot)
     decoder.observers.append(BudgetKeeper(decoder.budget, budget_path(drafter_spec, target_spec, engine, backend, home)))

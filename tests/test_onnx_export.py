@@ -95,6 +95,19 @@ def test_a_rewind_is_a_shorter_past(exports, drafter):
 
 
 @pytest.mark.real
+def test_a_fork_has_the_same_weights_and_a_cache_of_its_own(exports, drafter):
+    _, tok = drafter
+    ids = tok.encode(TEXT)[:24]
+    lm = OnnxDraftLM(exports["int8"])
+    first = lm.logits_for(ids).numpy()
+    twin = lm.fork()  # one per concurrent session (experiment capacity)
+    assert twin.cached_ids == []
+    assert np.array_equal(twin.logits_for(ids).numpy(), first)
+    lm.step(ids[0])
+    assert len(lm.cached_ids) == 25 and twin.cached_ids == ids
+
+
+@pytest.mark.real
 def test_int8_agrees_with_fp32_on_the_next_token(exports, drafter):
     _, tok = drafter
     ids = tok.encode(TEXT)[:160]

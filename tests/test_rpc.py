@@ -25,6 +25,7 @@ from omnidraft.vocab.bridge import VocabBridge
 
 TARGET = "builtin:qwen2.5-coder-0.5b"
 TOKEN = "s3cret-token-for-tests"
+FUZZ_REQUESTS = int(os.environ.get("OMNIDRAFT_FUZZ_REQUESTS", "300"))  # CI: 300; a longer run: set it
 PROMPTS = [("Write a Python function that returns the n-th Fibonacci number.", True), ("def merge_sort(xs):\n", False)]
 
 
@@ -102,6 +103,22 @@ def test_an_evicted_session_is_resumed_transparently(server, local_target, real_
 
 
 @pytest.mark.real
+def test_concurrent_sessions_give_each_client_its_output_alone(server, local_target, real_models, tmp_path):
+    from types import SimpleNamespace
+
+    from omnidraft.experiments.capacity import markdown, run_capacity
+
+    pipe = SimpleNamespace(decoder=decoder_for(local_target, real_models))
+    prompts = [encode_prompt(local_target.tokenizer, "def add(a, b):\n")]
+    rows = run_capacity(pipe, lambda: remote(server, tmp_path), prompts, [1, 3], DecodeConfig(max_new_tokens=12))
+    assert [(r.clients, r.drafting) for r in rows] == [(1, False), (1, True), (3, False), (3, True)]
+    assert [r.tokens for r in rows] == [12, 12, 36, 36]  # every client got all its tokens (3 > max_sessions)
+    assert all(r.identical for r in rows if not r.drafting)  # plain decoding: one-token evals, no near-ties
+    assert all(0 < r.round_trips <= r.tokens for r in rows)
+    assert "| 3 | yes | 36 |" in markdown(rows, "meta")
+
+
+@pytest.mark.real
 def test_a_tiny_deadline_is_one_clear_line(server, tmp_path):
     client = remote(server, tmp_path)
     client.deadline_s = 0.001
@@ -122,7 +139,7 @@ def test_malformed_and_hostile_requests_leave_the_server_up(server, local_target
     vocab = local_target.vocab_size
     codes: dict[str, int] = {}
     start = time.monotonic()
-    for i in range(300):
+    for i in range(FUZZ_REQUESTS):
         kind = i % 6
         try:
             if kind == 0:
@@ -139,7 +156,7 @@ def test_malformed_and_hostile_requests_leave_the_server_up(server, local_target
             codes["OK"] = codes.get("OK", 0) + 1
         except grpc.RpcError as exc:
             codes[exc.code().name] = codes.get(exc.code().name, 0) + 1
-    print(f"fuzz: 300 requests in {time.monotonic() - start:.1f}s -> {codes}")
+    print(f"fuzz: {FUZZ_REQUESTS} requests in {time.monotonic() - start:.1f}s -> {codes}")
     assert "UNKNOWN" not in codes and "INTERNAL" not in codes and set(codes) <= {
         "OK", "INVALID_ARGUMENT", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION"}
     client = remote(server, tmp_path)  # and it still serves correct output

@@ -1,10 +1,12 @@
 """``omnidraft cache stats | clear | export``: look after the persistent n-gram caches.
 
-Without ``--pair`` each command works on every ``*.sqlite`` store under ``<home>/cache_store``.
-``stats`` and ``export`` open stores read-only (frozen): a corrupt or foreign file is reported in
-one line on stderr and skipped, the command goes on with the others and exits 0 (the next writer
-moves the file aside; inspecting must not change anything). ``clear`` opens stores for writing,
-so a bad file is moved aside there, as the runtime would do.
+Without ``--pair`` each command works on every ``*.sqlite`` store under ``<home>/cache_store``,
+and ``stats`` and ``clear`` on the prompt-lookup histories there too (``lookup-*.sqlite3``, one per
+target tokenizer). ``stats`` and ``export`` open stores read-only (frozen): a corrupt or foreign
+file is reported in one line on stderr and skipped, the command goes on with the others and exits
+0 (the next writer moves the file aside; inspecting must not change anything). ``clear`` opens
+stores for writing, so a bad file is moved aside there, as the runtime would do; it deletes a
+lookup history only after its metadata record shows omnidraft wrote it, and leaves anything else.
 """
 
 from __future__ import annotations
@@ -27,13 +29,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                    description=__doc__.splitlines()[0])
     actions = parser.add_subparsers(dest="cache_command", required=True)
 
-    stats = actions.add_parser("stats", help="entries, size on disk and in memory, hit rates, top n-grams")
+    stats = actions.add_parser("stats", help="entries, size on disk and in memory, hit rates, top n-grams; "
+                               "lookup histories")
     stats.add_argument("--json", action="store_true", help="print one JSON document")
     stats.add_argument("--pair", help="only this tokenizer pair id (the store's file name)")
     stats.add_argument("--top", type=integer(0, 10_000), default=10, help="how many top n-grams to show (default 10)")
     stats.set_defaults(func=cmd_stats)
 
-    clear = actions.add_parser("clear", help="delete every entry of the caches")
+    clear = actions.add_parser("clear", help="delete every entry of the caches, and the lookup histories")
     clear.add_argument("--pair", help="only this tokenizer pair id")
     clear.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     clear.set_defaults(func=cmd_clear)
@@ -58,6 +61,13 @@ def _store_paths(pair: str | None) -> list[Path]:
     if not path.exists():
         raise OmnidraftError(f"no n-gram cache for pair {pair!r} under {path.parent}")
     return [path]
+
+
+def _history_paths(pair: str | None) -> list[Path]:
+    """The lookup history files (by name; checked before use), none when ``--pair`` picks a cache."""
+    from omnidraft.ngram.files import list_history_paths
+
+    return list_history_paths() if pair is None else []
 
 
 def _open_frozen(path: Path):
@@ -96,15 +106,41 @@ def cmd_stats(args: argparse.Namespace) -> int:
             problems.append({"path": str(path), "problem": cache.problem if cache else "not a store name"})
             continue
         caches.append(cache.stats(top=args.top))
+    histories = _history_stats(args.pair, problems)
     if args.json:
-        doc = {"cache_store": str(_folder()), "caches": caches, "problems": problems}
+        doc = {"cache_store": str(_folder()), "caches": caches, "lookup_histories": histories, "problems": problems}
         print(json.dumps(doc, indent=2))
         return 0
     if not caches:
         print(f"no n-gram caches under {_folder()}")
     for s in caches:
         _print_stats(s)
+    for h in histories:
+        print(f"lookup history of target tokenizer {h['target'][:16] if h['target'] else '?'}  ({h['path']})")
+        print(f"  entries {h['entries']}   on disk {_human_bytes(h['bytes_on_disk'])}")
     return 0
+
+
+def _history_stats(pair: str | None, problems: list[dict[str, str]]) -> list[dict[str, Any]]:
+    """Entries and bytes of each lookup history, read without writing; a bad one is one line on
+    stderr and a ``problems`` entry, left where it is (the runtime sets it aside)."""
+    import sqlite3
+
+    from omnidraft.ngram.files import StoreProblem, describe_history
+
+    out = []
+    for path in _history_paths(pair):
+        try:
+            out.append(describe_history(path))
+        except StoreProblem as exc:
+            problem = f"lookup history {path} is {exc.kind} ({exc.detail})"
+        except (sqlite3.Error, OSError) as exc:
+            problem = f"cannot read lookup history {path}: {exc}"
+        else:
+            continue
+        warn(problem)
+        problems.append({"path": str(path), "problem": problem})
+    return out
 
 
 def _print_stats(s: dict[str, Any]) -> None:
@@ -123,15 +159,16 @@ def _print_stats(s: dict[str, Any]) -> None:
 
 def cmd_clear(args: argparse.Namespace) -> int:
     """Empty the selected stores (one transaction each); asks first unless ``--yes``."""
-    paths = _store_paths(args.pair)
-    if not paths:
+    paths, histories = _store_paths(args.pair), _history_paths(args.pair)
+    if not paths and not histories:
         print(f"no n-gram caches under {_folder()}")
         return 0
+    what = f"{len(paths)} n-gram cache(s)" + (f" and {len(histories)} lookup history file(s)" if histories else "")
     if not args.yes:
         if not sys.stdin.isatty():
-            raise OmnidraftError(f"refusing to clear {len(paths)} n-gram cache(s) without --yes (no terminal to ask on)")
+            raise OmnidraftError(f"refusing to clear {what} without --yes (no terminal to ask on)")
         try:
-            answer = input(f"Delete every entry of {len(paths)} n-gram cache(s)? [y/N] ")
+            answer = input(f"Delete every entry of {what}? [y/N] ")
         except EOFError:
             answer = ""
         if answer.strip().lower() not in ("y", "yes"):
@@ -148,6 +185,18 @@ def cmd_clear(args: argparse.Namespace) -> int:
         with cache:
             removed = cache.clear()
         print(f"cleared {removed} entries from pair {path.stem}")
+    from omnidraft.ngram.files import StoreProblem, remove_history
+
+    for path in histories:
+        try:
+            removed = remove_history(path)
+        except StoreProblem as exc:  # not verifiably ours: left untouched
+            warn(f"not removing {path}: {exc.kind} ({exc.detail}); it is not a lookup history omnidraft can verify")
+            continue
+        except OSError as exc:
+            warn(f"could not remove {path}: {exc.strerror or exc}")
+            continue
+        print(f"removed lookup history {path.name} ({removed} entries)")
     return 0
 
 

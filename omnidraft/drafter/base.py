@@ -41,5 +41,8 @@ class DraftLM(Protocol):
     def reset(self) -> None:
         """Forget the cache (after the weights changed, or a step was cut short)."""
 
+    def fork(self) -> DraftLM:
+        """Another instance with the same weights and a cache of its own (concurrent sessions)."""
+
     def apply_adapter(self, state: dict[str, torch.Tensor] | None, scaling: float = 1.0) -> None:
         """Use LoRA tensors (peft names; None: the base weights). Checked before anything changes."""

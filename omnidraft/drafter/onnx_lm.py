@@ -111,6 +111,7 @@ class OnnxDraftLM:
     """:class:`~omnidraft.drafter.base.DraftLM` over :class:`OrtCausalLM` (torch tensors out)."""
 
     def __init__(self, folder: str | Path, threads: int = 2) -> None:
+        self.threads = threads
         self.ort = OrtCausalLM(folder, threads)
         self.vocab_size, self.hidden_size = self.ort.vocab_size, self.ort.hidden_size
         self.max_positions = self.ort.max_positions
@@ -138,6 +139,11 @@ class OnnxDraftLM:
 
     def reset(self) -> None:
         self.ort.reset()
+
+    def fork(self) -> OnnxDraftLM:
+        """Another drafter on the same export with a KV cache of its own (one per concurrent session);
+        the active adapter is not carried over."""
+        return OnnxDraftLM(self.ort.folder, self.threads)
 
     def apply_adapter(self, state, scaling: float = 1.0) -> None:
         """A trained adapter's peft tensors become the graph's LoRA inputs (α/r folded into B)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 
 import torch
@@ -58,6 +59,10 @@ class TorchDraftLM:
 
     def reset(self) -> None:
         self.cached.reset()
+
+    def fork(self) -> TorchDraftLM:
+        """Another drafter with these weights and a KV cache of its own (one per concurrent session)."""
+        return TorchDraftLM(copy.deepcopy(self.model), self.dtype)
 
     def apply_adapter(self, state: dict[str, torch.Tensor] | None, scaling: float = 1.0) -> None:
         if state is None:

@@ -9,7 +9,6 @@ machine the clients' drafters share the cores with the server, which a real depl
 
 from __future__ import annotations
 
-import copy
 import threading
 import time
 from collections.abc import Sequence
@@ -18,7 +17,6 @@ from dataclasses import dataclass
 from omnidraft.config import DecodeConfig
 from omnidraft.decode import SpeculativeDecoder
 from omnidraft.drafter import Drafter
-from omnidraft.drafter.torch_lm import TorchDraftLM
 
 
 @dataclass
@@ -28,6 +26,7 @@ class CapacityRow:
     tokens: int
     wall_s: float
     round_trips: int
+    identical: bool  # every client's outputs equal one client's alone (same drafting), prompt for prompt
 
     @property
     def tokens_per_s(self) -> float:
@@ -40,25 +39,25 @@ def _client(pipe, connect, drafting: bool):
     if not drafting:
         return SpeculativeDecoder(target)
     drafter = pipe.decoder.drafter
-    lm = TorchDraftLM(copy.deepcopy(drafter.lm.model), drafter.lm.dtype)
-    return SpeculativeDecoder(target, Drafter(lm, drafter.stop_ids), pipe.decoder.bridge)
+    return SpeculativeDecoder(target, Drafter(drafter.lm.fork(), drafter.stop_ids), pipe.decoder.bridge)
 
 
 def run_capacity(pipe, connect, prompts: Sequence[list[int]], clients: Sequence[int], config: DecodeConfig) -> list[CapacityRow]:
     """For each client count, both without and with drafting: every client decodes all ``prompts``."""
-    rows = []
+    rows: list[CapacityRow] = []
+    alone: dict[bool, list[list[int]]] = {}  # drafting -> the outputs of a single client
     for n in clients:
         for drafting in (False, True):
             decoders = [_client(pipe, connect, drafting) for _ in range(n)]
             for d in decoders:  # warm-up (and, with drafting, the cost policy's measurement)
                 d.generate(prompts[0][:16], DecodeConfig(max_new_tokens=4))
-            totals = [0] * n
+            outputs: list[list[list[int]]] = [[] for _ in range(n)]
             trips = [0] * n
 
             def work(i: int) -> None:
                 for ids in prompts:
                     result = decoders[i].generate(ids, config)
-                    totals[i] += len(result.token_ids)
+                    outputs[i].append(result.token_ids)
                     trips[i] += result.stats.target_forwards
 
             threads = [threading.Thread(target=work, args=(i,)) for i in range(n)]
@@ -67,7 +66,10 @@ def run_capacity(pipe, connect, prompts: Sequence[list[int]], clients: Sequence[
                 t.start()
             for t in threads:
                 t.join()
-            rows.append(CapacityRow(n, drafting, sum(totals), time.perf_counter() - start, sum(trips)))
+            wall = time.perf_counter() - start
+            reference = alone.setdefault(drafting, outputs[0])
+            rows.append(CapacityRow(n, drafting, sum(len(o) for out in outputs for o in out), wall, sum(trips),
+                                    all(out == reference for out in outputs)))
             for d in decoders:
                 d.target.close()
     return rows
@@ -75,11 +77,11 @@ def run_capacity(pipe, connect, prompts: Sequence[list[int]], clients: Sequence[
 
 def markdown(rows: list[CapacityRow], meta: str) -> str:
     lines = [f"# omnidraft experiment capacity\n\n{meta}\n",
-             "| clients | drafting | tokens | wall s | aggregate tok/s | tokens per round trip | vs 1 client, no drafting |",
-             "|---|---|---|---|---|---|---|"]
+             "| clients | drafting | tokens | wall s | aggregate tok/s | tokens per round trip | vs 1 client, no drafting | outputs as one client's |",
+             "|---|---|---|---|---|---|---|---|"]
     base = next((r.tokens_per_s for r in rows if r.clients == rows[0].clients and not r.drafting), 0.0)
     for r in rows:
         ratio = f"{r.tokens_per_s / base:.2f}×" if base else "–"
         lines.append(f"| {r.clients} | {'yes' if r.drafting else 'no'} | {r.tokens} | {r.wall_s:.1f} | {r.tokens_per_s:.2f} | "
-                     f"{r.tokens / max(r.round_trips, 1):.2f} | {ratio} |")
+                     f"{r.tokens / max(r.round_trips, 1):.2f} | {ratio} | {'yes' if r.identical else 'NO'} |")
     return "\n".join(lines) + "\n"

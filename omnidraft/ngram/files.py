@@ -7,12 +7,18 @@ file must not be able to run code when it is loaded). See ``cache_store/README.m
 
 A file sqlite cannot read ("corrupt") or that belongs to another pair or program ("foreign") is
 renamed aside with its side files, never deleted and never half-used.
+
+The prompt-lookup history (``drafter/history.py``) lives in the same folder, one file per target
+tokenizer named ``lookup-<target fingerprint[:16]>.sqlite3`` (not ``*.sqlite``: that glob means a
+pair cache). Its layout and checks are here too, so that ``omnidraft cache`` lists and removes it
+without importing the drafter (and torch).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import sqlite3
 import time
 from collections.abc import Iterable
@@ -31,6 +37,12 @@ META_KEY = "meta"
 STORE_SUFFIX = ".sqlite"
 SIDE_SUFFIXES = ("-wal", "-shm", "-journal")
 DEFAULT_BUSY_TIMEOUT_S = 1.0
+LOOKUP_PREFIX = "lookup-"
+HISTORY_SUFFIX = ".sqlite3"
+HISTORY_KIND = "omnidraft-lookup-history"
+HISTORY_FORMAT = 1
+HISTORY_TABLE = "history"
+_FINGERPRINT_RE = re.compile(r"^[0-9a-f]{16,64}$")
 
 Key = tuple[int, ...]
 
@@ -276,3 +288,84 @@ def set_aside(path: Path, kind: str) -> Path | None:
             except FileNotFoundError:
                 pass
     return target
+
+
+# ---------------------------------------------------------------- lookup history files
+
+
+def history_path(fingerprint: str, home: str | os.PathLike | None = None) -> Path:
+    """Where the lookup history of a target tokenizer (its vocabulary fingerprint, hex) lives."""
+    if not _FINGERPRINT_RE.match(fingerprint):
+        raise ValueError(f"invalid vocabulary fingerprint {fingerprint!r}: expected 16 to 64 hex digits")
+    return store_folder(home) / f"{LOOKUP_PREFIX}{fingerprint[:16]}{HISTORY_SUFFIX}"
+
+
+def list_history_paths(home: str | os.PathLike | None = None) -> list[Path]:
+    """The lookup history files under the home's cache_store/ by name (links are not followed:
+    omnidraft never makes one). Whether one really is a history is :func:`describe_history`'s to say."""
+    folder = store_folder(home)
+    if not folder.is_dir():
+        return []
+    return sorted(p for p in folder.glob(f"{LOOKUP_PREFIX}*{HISTORY_SUFFIX}") if p.is_file() and not p.is_symlink())
+
+
+def connect_read_only(path: Path, busy_timeout: float) -> sqlite3.Connection:
+    """A connection that cannot write or create anything (no file, no journal)."""
+    return sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=busy_timeout, isolation_level=None)
+
+
+def check_history(con: sqlite3.Connection, fingerprint: str | None) -> bool:
+    """Raise StoreProblem unless ``con`` is a lookup history (of the target ``fingerprint``, any
+    when None). False: an empty database (a first writer killed before its commit), nothing to read."""
+    tables = {name for (name,) in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    if not tables:
+        return False
+    meta = _read_meta(con) if META_TABLE in tables else None
+    if not meta or meta.get("kind") != HISTORY_KIND:
+        raise StoreProblem("foreign", "it is not an omnidraft lookup history")
+    version = meta.get("format")
+    if not isinstance(version, int) or version > HISTORY_FORMAT:
+        raise StoreProblem("foreign", f"format {version!r} is not readable by this omnidraft (reads <= {HISTORY_FORMAT})")
+    if fingerprint is not None and meta.get("target") != fingerprint:
+        theirs = str(meta.get("target"))[:16]
+        raise StoreProblem("foreign", f"it belongs to target tokenizer {theirs!r}, not {fingerprint[:16]!r}")
+    if HISTORY_TABLE not in tables:
+        raise StoreProblem("corrupt", f"the {HISTORY_TABLE!r} table is missing")
+    return True
+
+
+def describe_history(path: Path, busy_timeout: float = DEFAULT_BUSY_TIMEOUT_S) -> dict:
+    """Path, target fingerprint (None: an empty database), entries and bytes of a lookup history,
+    read without writing anything. Raises StoreProblem (corrupt, foreign) or sqlite3.Error."""
+    con = connect_read_only(path, busy_timeout)
+    try:
+        if check_history(con, None):
+            target = str(_read_meta(con)["target"])
+            entries = con.execute(f'SELECT COUNT(*) FROM "{HISTORY_TABLE}"').fetchone()[0]
+        else:
+            target, entries = None, 0
+    except sqlite3.DatabaseError as exc:
+        if is_corruption(exc):
+            raise StoreProblem("corrupt", str(exc)) from exc
+        raise
+    finally:
+        con.close()
+    return {"path": str(path), "target": target, "entries": entries, "bytes_on_disk": bytes_on_disk(path)}
+
+
+def remove_history(path: Path) -> int:
+    """Delete a lookup history and its side files, only after its metadata record shows omnidraft
+    wrote it (a delete command must never touch anything else). Returns the entries it held.
+    Raises StoreProblem (touching nothing) for any file that is not verifiably one."""
+    if (path.is_symlink() or not path.is_file() or not path.name.startswith(LOOKUP_PREFIX)
+            or not path.name.endswith(HISTORY_SUFFIX)):
+        raise StoreProblem("foreign", "it is not a lookup history file")
+    try:
+        info = describe_history(path)
+    except sqlite3.Error as exc:
+        raise StoreProblem("unreadable", str(exc)) from exc
+    if info["target"] is None:
+        raise StoreProblem("foreign", "it has no omnidraft metadata record")
+    for p in store_files(path):
+        p.unlink(missing_ok=True)
+    return info["entries"]
