@@ -48,6 +48,10 @@ class DecodeConfig:
     # cache (eq. (1), needed by the sampling rules); "text" re-tokenizes the drafted text with the
     # target tokenizer (SLEM-style, greedy only); "auto" picks the rule's first choice.
     translate: str = "auto"
+    # SLRS (--verify slrs): drafter tokens per drafted string before its first target token is
+    # taken (Algorithm 3's lookahead). 1 is one scatter per token; more walks a tree of drafter
+    # spellings per verified token and is refused where that tree blows up.
+    slrs_lookahead: int = 1
 
     def __post_init__(self) -> None:
         if self.verify is None:
@@ -59,12 +63,15 @@ class DecodeConfig:
         if self.translate not in TRANSLATIONS:
             raise OmnidraftError(f"unknown translation {self.translate!r}; choose one of {', '.join(TRANSLATIONS)}")
         if self.translate != "auto" and self.translate not in info.translations:
-            raise OmnidraftError(f"--translate {self.translate} does not work with --verify {self.verify} "
-                                 f"(it needs {' or '.join(info.translations)})")
+            own = [t for t in info.translations if t in TRANSLATIONS]
+            need = f"it needs {' or '.join(own)}" if own else "it translates its own way: leave --translate auto"
+            raise OmnidraftError(f"--translate {self.translate} does not work with --verify {self.verify} ({need})")
         if self.max_new_tokens < 1:
             raise OmnidraftError("--max-new-tokens must be at least 1")
         if self.draft_len < 1:
             raise OmnidraftError("--draft-len must be at least 1")
+        if not 1 <= self.slrs_lookahead <= 8:
+            raise OmnidraftError("--slrs-lookahead must be in 1..8")
         for name, value in (("--temperature", self.temperature), ("--top-p", self.top_p),
                             ("--draft-confidence", self.draft_confidence), ("--stop-gamma", self.stop_gamma)):
             if not math.isfinite(value):

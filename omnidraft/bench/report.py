@@ -57,6 +57,22 @@ def policy_lines(policy: dict[str, dict]) -> str:
     return "\n".join(lines) + ("\n" if lines else "")
 
 
+def turn_table(summary: dict[str, dict], turns: list[int]) -> str:
+    """Median speedup of each mode by turn of a multi-turn set (later turns repeat more of the chat)."""
+    import statistics
+
+    numbers = sorted(set(turns))
+    lines = ["Speedup by turn (median over the chats):", "", "| mode | " + " | ".join(f"turn {t}" for t in numbers) + " |",
+             "|---|" + "---|" * len(numbers)]
+    for mode, row in summary.items():
+        ratios = row.get("speedup_per_prompt") or []
+        if len(ratios) != len(turns):
+            continue
+        cells = [statistics.median([r for r, t in zip(ratios, turns) if t == n]) for n in numbers]
+        lines.append(f"| {mode} | " + " | ".join(f"{c:.2f}×" for c in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def write_results(out_dir: Path, meta: dict, summary: dict[str, dict]) -> list[Path]:
     """results.json, results.md, speedup.png, time_split.png under ``out_dir``."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -66,6 +82,8 @@ def write_results(out_dir: Path, meta: dict, summary: dict[str, dict]) -> list[P
     if remote:
         md += "\nOver the wire (message bytes both ways per generated token; tokens/target fwd = tokens per round trip): " + \
               ", ".join(f"`{m}` {b:.0f} B" for m, b in remote.items()) + f" (injected round trip {meta.get('rtt_ms', 0):g} ms)\n"
+    if meta.get("turns"):
+        md += "\n" + turn_table(summary, meta["turns"])
     if meta.get("policy"):
         md += "\nThe cost-aware draft policy (`--draft-stop auto`):\n\n" + policy_lines(meta["policy"])
     atomic_write(out_dir / "results.md", md.encode())

@@ -21,18 +21,20 @@ from omnidraft.ngram.trie import NgramCache, NgramTrie
 
 # greedy: text translation (our default); greedy-ngram: the paper's token mapping + n-gram cache;
 # greedy-nocache: token mapping alone. tli / omnidraft: rejection sampling at --temperature.
-OUR_MODES = ("target", "greedy", "greedy-ngram", "greedy-nocache", "tli", "omnidraft", "text-sample", "lookup",
-             "greedy-nolookup")
-HF_MODES = ("hf-target", "hf-uag", "hf-lookup")
+# greedy-repeat: the same request a second time, with the lookup history of the first (a repeated session).
+OUR_MODES = ("target", "greedy", "greedy-ngram", "greedy-nocache", "tli", "omnidraft", "text-sample", "rdk", "slrs",
+             "lookup", "greedy-nolookup", "greedy-repeat")
+SAMPLING_MODES = ("tli", "omnidraft", "text-sample", "rdk", "slrs", "hf-uag-sample")  # at --sample-temperature
+HF_MODES = ("hf-target", "hf-uag", "hf-lookup", "hf-uag-sample")
 # On llama.cpp: its own greedy loop (llama-cpp-python's ``Llama.generate``), our loop with the
 # target alone, ours with the cost-aware draft policy, and ours drafting blindly (always k = 4).
 LLAMA_MODES = ("llamacpp", "target@llamacpp", "greedy@llamacpp", "greedy-k4@llamacpp", "greedy-onnx@llamacpp",
-               "lookup@llamacpp", "greedy-nolookup@llamacpp")
+               "lookup@llamacpp", "greedy-nolookup@llamacpp", "greedy-repeat@llamacpp")
 ONNX_MODES = ("greedy-onnx", "greedy-onnx@llamacpp")  # the drafter on onnxruntime (the home's export)
 ALL_MODES = OUR_MODES + ("greedy-onnx",) + HF_MODES + LLAMA_MODES
 DEFAULT_MODES = ("target", "hf-target", "hf-uag", "greedy", "greedy-ngram", "greedy-nocache", "tli", "omnidraft")
 GREEDY_MODES = ("target", "hf-target", "hf-uag", "hf-lookup", "greedy", "greedy-ngram", "greedy-nocache", "greedy-onnx",
-                "lookup", "greedy-nolookup") + LLAMA_MODES
+                "lookup", "greedy-nolookup", "greedy-repeat") + LLAMA_MODES
 
 
 def baseline_of(mode: str) -> str:
@@ -149,6 +151,32 @@ def our_mode(decoder: SpeculativeDecoder, config: DecodeConfig) -> ModeFn:
     return run
 
 
+def repeat_mode(decoder: SpeculativeDecoder, config: DecodeConfig) -> ModeFn:
+    """The same request twice: the first run (not timed) adds its output to the decoder's lookup
+    history, the second is timed — what a user who re-runs a script or regenerates an answer gets."""
+    timed = our_mode(decoder, config)
+
+    def run(prompt_ids: list[int]) -> PromptRun:
+        fresh(decoder)
+        decoder.generate(prompt_ids, config)
+        return timed(prompt_ids)
+
+    run.decoder = decoder
+    return run
+
+
+def scratch_history(tokenizer):
+    """An empty lookup history in a temporary folder (removed with the returned holder)."""
+    import tempfile
+
+    from omnidraft.drafter.history import open_history
+
+    holder = tempfile.TemporaryDirectory(prefix="omnidraft-bench-history-")
+    history = open_history(tokenizer, home=holder.name)
+    history.holder = holder  # the folder lives as long as the history
+    return history
+
+
 class _ForwardCounter:
     """Counts forward calls of a module (how many target / assistant passes transformers makes)."""
 
@@ -164,13 +192,16 @@ class _ForwardCounter:
 
 
 def hf_mode(target_model, target_tok, max_new_tokens: int, assistant=None, assistant_tok=None,
-            prompt_lookup: int = 0) -> ModeFn:
+            prompt_lookup: int = 0, temperature: float = 0.0, seed: int = 0) -> ModeFn:
     """transformers' own ``generate``: plain greedy, universal assisted generation (UAG), or its
-    prompt lookup (``prompt_lookup_num_tokens``)."""
+    prompt lookup (``prompt_lookup_num_tokens``); sampling at ``temperature`` > 0."""
 
     def run(prompt_ids: list[int]) -> PromptRun:
         ids = torch.tensor([prompt_ids])
-        kwargs = dict(max_new_tokens=max_new_tokens, do_sample=False, attention_mask=torch.ones_like(ids))
+        kwargs = dict(max_new_tokens=max_new_tokens, do_sample=temperature > 0, attention_mask=torch.ones_like(ids))
+        if temperature > 0:
+            kwargs.update(temperature=temperature, top_p=1.0, top_k=0)
+            torch.manual_seed(seed)
         if prompt_lookup:
             kwargs["prompt_lookup_num_tokens"] = prompt_lookup
         if assistant is not None:
@@ -259,6 +290,10 @@ def build_modes(pipe, modes: Sequence[str], base: DecodeConfig, temperature: flo
         "tli": lambda: spec(cfg(verify="tli", temperature=temperature), NgramTrie()),
         "omnidraft": lambda: spec(cfg(verify="omnidraft", temperature=temperature), ngrams_factory()),
         "text-sample": lambda: spec(cfg(verify="text-sample", temperature=temperature, translate="text"), ngrams_factory()),
+        "rdk": lambda: spec(cfg(verify="rdk", temperature=temperature), NgramTrie()),
+        "slrs": lambda: spec(cfg(verify="slrs", temperature=temperature), NgramTrie()),
+        "hf-uag-sample": lambda: hf_mode(pipe.target_model, target.tokenizer, max_new_tokens, pipe.drafter_model,
+                                         bridge.drafter_tokenizer, temperature=temperature, seed=base.seed),
         "hf-target": lambda: hf_mode(pipe.target_model, target.tokenizer, max_new_tokens),
         "hf-uag": lambda: hf_mode(pipe.target_model, target.tokenizer, max_new_tokens, pipe.drafter_model, bridge.drafter_tokenizer),
         "hf-lookup": lambda: hf_mode(pipe.target_model, target.tokenizer, max_new_tokens, prompt_lookup=10),
@@ -267,6 +302,12 @@ def build_modes(pipe, modes: Sequence[str], base: DecodeConfig, temperature: flo
         "lookup@llamacpp": lambda: our_mode(SpeculativeDecoder(llama, lookup=True), cfg(verify="greedy")),
         "greedy-nolookup@llamacpp": lambda: our_mode(SpeculativeDecoder(llama, drafter, bridge, ngrams_factory()),
                                                      cfg(verify="greedy", translate="text", lookup=False)),
+        "greedy-repeat": lambda: repeat_mode(SpeculativeDecoder(target, drafter, bridge, ngrams_factory(),
+                                                                history=scratch_history(target.tokenizer)),
+                                             cfg(verify="greedy", translate="text")),
+        "greedy-repeat@llamacpp": lambda: repeat_mode(SpeculativeDecoder(llama, drafter, bridge, ngrams_factory(),
+                                                                         history=scratch_history(target.tokenizer)),
+                                                      cfg(verify="greedy", translate="text")),
         "llamacpp": lambda: llama_native_mode(llama, max_new_tokens),
         "target@llamacpp": lambda: our_mode(SpeculativeDecoder(llama), cfg(verify="greedy", lookup=False)),
         "greedy@llamacpp": lambda: our_mode(SpeculativeDecoder(llama, drafter, bridge, ngrams_factory()),

@@ -34,7 +34,7 @@ MODE_FIELDS = ("verify", "translate", "temperature", "use_ngram")
 def add_prompt_options(parser: argparse.ArgumentParser, n: int = 10) -> None:
     """Which prompts (bench and the experiments)."""
     g = parser.add_argument_group("prompts")
-    g.add_argument("--prompts", default="humaneval", help="humaneval | alpaca | xsum | asdiv | path/to/file.jsonl")
+    g.add_argument("--prompts", default="humaneval", help="humaneval | codeedit | alpaca | xsum | asdiv | path/to/file.jsonl")
     g.add_argument("--n", type=COUNT, default=n, help=f"number of prompts (default {n})")
     g.add_argument("--offset", type=integer(0), default=0, help="skip this many prompts of the set")
     g.add_argument("--out", type=Path, default=Path("bench_out"), help="output folder (results.json/md, charts)")
@@ -47,7 +47,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help=f"comma-separated; default: {DEFAULT_MODES} on the torch engine, plus {LLAMA_DEFAULT_MODES} "
                         "when the target also runs on llama.cpp (--engine auto|llamacpp)")
     p.add_argument("--sample-temperature", type=number(0, low_open=True), default=0.7,
-                   help="temperature of the sampling modes (tli, omnidraft, text-sample); the greedy modes run at 0 (default 0.7)")
+                   help="temperature of the sampling modes (tli, omnidraft, text-sample, rdk, slrs, hf-uag-sample); the greedy modes "
+                        "run at 0 (default 0.7)")
     add_model_options(p)
     add_decode_options(p, skip=MODE_FIELDS)
     cache = p.add_argument_group("n-gram cache of the modes that learn one (greedy, greedy-ngram, omnidraft)")
@@ -174,6 +175,7 @@ def _llama_target(args: argparse.Namespace, pipe):
 
 def run(args: argparse.Namespace) -> int:
     from omnidraft.bench.report import markdown_table, write_results
+    from omnidraft.bench.conversations import expand_turns
     from omnidraft.bench.runner import (
         LLAMA_MODES,
         ONNX_MODES,
@@ -192,7 +194,7 @@ def run(args: argparse.Namespace) -> int:
         raise OmnidraftError(f"--prompts {args.prompts} has no prompts at offset {args.offset}")
     args.out.mkdir(parents=True, exist_ok=True)  # a file in the way fails now, not after the run
     pipe = load_for_bench(args, modes=modes)
-    prompts = [encode_prompt(pipe.target_tokenizer, r.text, chat=r.chat) for r in records]
+    prompts, turns = expand_turns(pipe.decoder.target, records, base)
     factory = _ngram_factory(args, pipe) if pipe.decoder.drafter is not None else None
     llama = _llama_target(args, pipe) if any(m in LLAMA_MODES for m in modes) else None
     onnx = _onnx_drafter(args, pipe) if any(m in ONNX_MODES for m in modes) else None
@@ -204,6 +206,8 @@ def run(args: argparse.Namespace) -> int:
     meta = run_meta(args, len(prompts)) | {"ngram_cache": args.ngram_cache, "cache_size": args.cache_size,
                                            "cache_policy": args.cache_policy or "lru", "freeze_cache": args.freeze_cache,
                                            "engines": engines(args), "policy": policy_report(fns)}
+    if max(turns) > 1:  # a multi-turn set: which turn of its chat each prompt is
+        meta["turns"] = turns
     files = write_results(args.out, meta, summary)
     sys.stdout.write(markdown_table(summary))
     print("wrote " + ", ".join(str(f) for f in files), file=sys.stderr)

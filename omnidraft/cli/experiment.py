@@ -38,7 +38,8 @@ ONLINE_STREAM_N = 200
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("experiment", help="the paper's ablations: the n-gram cache, online distillation")
+    p = sub.add_parser("experiment", help="the papers' ablations and studies: the n-gram cache, online distillation, "
+                                          "exact sampling rules, server capacity")
     kinds = p.add_subparsers(dest="experiment", required=True, metavar="EXPERIMENT")
     cache = kinds.add_parser("cache", help="n-gram cache ablation: growth, LRU/LFU budgets (Table 14, Figure 9)")
     _common(cache, CACHE_STREAM_N)
@@ -61,6 +62,15 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help="cache of recorded target outputs, reused across runs (default OUT/records.pt)")
     add_train_options(online, skip=("loss",))
     online.set_defaults(func=cmd_online)
+    sampling = kinds.add_parser("sampling", help="exact sampling rules: expected acceptance per proposal along "
+                                                 "target-sampled text (RDK's τ), and SLRS's tree sizes")
+    add_prompt_options(sampling, n=6)
+    add_model_options(sampling)
+    sampling.add_argument("--sample-temperature", type=number(0, low_open=True), default=0.7,
+                          help="temperature of the target's text and of every rule (default 0.7)")
+    sampling.add_argument("--positions", type=COUNT, default=64, help="target-sampled tokens per prompt (default 64)")
+    sampling.add_argument("--taus", default="0.25,0.5,1,2", help="RDK affinity temperatures to compare")
+    sampling.set_defaults(func=cmd_sampling)
     capacity = kinds.add_parser("capacity", help="N devices drafting against one `omnidraft serve`: aggregate tokens/s "
                                                  "with and without drafting (--target grpc://HOST:PORT)")
     add_prompt_options(capacity, n=2)
@@ -182,6 +192,35 @@ def cmd_online(args: argparse.Namespace) -> int:
     files = write_online(args.out, result, meta)
     sys.stdout.write((args.out / "results.md").read_text())
     print("wrote " + ", ".join(str(f) for f in files), file=sys.stderr)
+    return 0
+
+
+def cmd_sampling(args: argparse.Namespace) -> int:
+    """``experiment sampling``: see omnidraft/experiments/sampling.py."""
+    from omnidraft.data import load_prompts
+    from omnidraft.experiments.sampling import expected_acceptance, markdown, slrs_cost
+    from omnidraft.fsutil import atomic_write
+    from omnidraft.runtime import encode_prompt
+
+    try:
+        taus = [float(x) for x in args.taus.split(",") if x.strip()]
+    except ValueError:
+        taus = []
+    if not taus or any(not 0 < t < 100 for t in taus):
+        raise OmnidraftError("--taus takes a comma-separated list of temperatures in (0, 100)")
+    if args.drafter == "none":
+        raise OmnidraftError("experiment sampling needs a drafter (not --drafter none)")
+    records = load_prompts(args.prompts, n=args.n, offset=args.offset)
+    args.out.mkdir(parents=True, exist_ok=True)
+    pipe = load_for_bench(args)
+    prompts = [encode_prompt(pipe.target_tokenizer, r.text, chat=r.chat) for r in records]
+    acceptance = expected_acceptance(pipe, prompts, args.sample_temperature, args.positions, taus, seed=0)
+    cost = slrs_cost(pipe.decoder.bridge)
+    meta = (f"drafter `{args.drafter}` → target `{args.target}`, prompts `{args.prompts}` × {len(prompts)}, "
+            f"{args.positions} target-sampled tokens each at T = {args.sample_temperature:g}")
+    text = markdown(acceptance, cost, meta)
+    atomic_write(args.out / "sampling.md", text)
+    sys.stdout.write(text)
     return 0
 
 

@@ -150,6 +150,8 @@ _DECODE_FLAGS: dict[str, tuple[Callable[[str], Any] | None, str]] = {
     "translate": (None, "drafter -> target translation: text (re-tokenize; greedy), tokens (direct mapping + n-grams); "
                         "auto: the rule's first choice"),
     "seed": (SEED, "random seed of the sampling rules"),
+    "slrs_lookahead": (integer(1, 8), "slrs: drafter tokens per drafted string (Algorithm 3's lookahead); above 1 each "
+                                      "verified token walks a tree of drafter spellings, refused where it blows up"),
 }
 _DECODE_CHOICES = {"verify": tuple(RULES), "draft_stop": DRAFT_STOPS, "translate": TRANSLATIONS}
 

@@ -19,6 +19,8 @@ import torch
 class Draft:
     tokens: list[int]
     q: torch.Tensor | None  # [len(tokens), drafter vocab] when the verification rule needs it, else None
+    context: Sequence[int] = ()  # the drafter ids it continues (what a rule that re-queries the drafter needs)
+    limit: int = 0  # the budget it was drafted under
 
 
 class DraftLM(Protocol):

@@ -49,7 +49,8 @@ class Drafter:
         qs: list[torch.Tensor] = []
         policy.constraint.start()
         policy.stop.start()
-        logits = self.lm.logits_for(self.window(context, budget))
+        window = self.window(context, budget)
+        logits = self.lm.logits_for(window)
         for step in range(budget):
             masked = logits + policy.constraint.bias()
             token, q = policy.sampler.choose(masked)
@@ -58,7 +59,9 @@ class Drafter:
             if q is not None:
                 qs.append(q)
             policy.constraint.advance(token)
-            if stop or token in self.stop_ids or step == budget - 1:
+            feed = policy.sampler.feed(token)
+            if stop or not feed or any(d in self.stop_ids for d in feed) or step == budget - 1:
                 break
-            logits = self.lm.step(token)
-        return Draft(tokens, torch.stack(qs) if qs else None)
+            for d in feed:
+                logits = self.lm.step(d)
+        return Draft(tokens, torch.stack(qs) if qs else None, window, budget)

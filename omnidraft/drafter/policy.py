@@ -53,6 +53,11 @@ class Sampler:
             return int(masked.argmax()), q
         return int(torch.multinomial(q, 1, generator=self.generator)), q
 
+    def feed(self, token: int) -> list[int]:
+        """The drafter ids that carry a chosen token into the drafter's context (itself, here;
+        a sampler that chooses in target ids feeds the token's drafter spelling)."""
+        return [token]
+
 
 class StopRule(Protocol):
     """Decides, after each drafted token, whether the draft ends there (the token is still proposed)."""

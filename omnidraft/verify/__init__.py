@@ -40,6 +40,14 @@ RULES: dict[str, RuleInfo] = {
                  summary="rejection sampling with q' of eq. (2), n-gram merges included"),
         RuleInfo("tli", "omnidraft.verify.rejection:RejectionSampling", sampling=True, exact=True, translations=("tokens",),
                  uses_ngrams=False, keeps_q=True, summary="token-level intersection: rejection sampling over shared tokens"),
+        RuleInfo("rdk", "omnidraft.verify.rejection:RejectionSampling", sampling=True, exact=True, translations=("rdk",),
+                 uses_ngrams=False, keeps_q=True,
+                 summary="redistributing drafter kernels: the drafter's mass also reaches target tokens it cannot "
+                         "say (byte-prefix affinity), rejection sampling with that proposal"),
+        RuleInfo("slrs", "omnidraft.verify.rejection:StringRejectionSampling", sampling=True, exact=True,
+                 translations=("strings",), uses_ngrams=False, keeps_q=True,
+                 summary="string-level rejection sampling: a drafted string's first target token against ψ, its "
+                         "probability summed over the drafter's spellings"),
         RuleInfo("text-sample", "omnidraft.verify.rejection:DeterministicDraftSampling", sampling=True, exact=True,
                  translations=("text", "tokens"), uses_ngrams=True, keeps_q=False,
                  summary="exact sampling of the drafter's greedy text draft (q = δ): any target token, ids only"),

@@ -85,3 +85,36 @@ class DeterministicDraftSampling:
     def verify(self, logits: torch.Tensor, proposal, config, generator: torch.Generator) -> tuple[int, int]:
         p = probs_from_logits(logits, config.temperature, config.top_p)
         return deterministic_verify(p, proposal.proposed, generator)
+
+
+RESIDUAL_TRIES = 10_000  # draws of the residual by rejection before falling back (never reached in practice)
+
+
+class StringRejectionSampling:
+    """The ``slrs`` rule (Timor et al., Algorithm 3): the proposal of position i is a target token
+    whose string-level probability ψ the translator knows (``vocab/slrs.py``).
+
+    Lookahead 1: ψ is known over the whole vocabulary, so this is ``sample_verify`` with ψ as q',
+    several positions per step. Longer lookahead: one drafted string, one target token t: accept it
+    if p(t) ≥ ψ(t), else with probability p(t)/ψ(t) (lines 6-7); on rejection sample
+    norm(p − min(p, ψ)) (line 8) by rejection — draw c ~ p and keep it with probability
+    1 − min(p(c), ψ(c))/p(c) — which needs ψ only for the candidates drawn. After an accept the
+    bonus token comes from p at the next position, as in any speculative step.
+    """
+
+    def verify(self, logits: torch.Tensor, proposal, config, generator: torch.Generator) -> tuple[int, int]:
+        p = probs_from_logits(logits, config.temperature, config.top_p)
+        translator, draft, tr = proposal.translator, proposal.draft, proposal.translation
+        if translator.whole_rows or not proposal.proposed:
+            return sample_verify(p, proposal.proposed, lambda i: translator.draft_target_probs(draft, tr, i), generator)
+        t = proposal.proposed[0]
+        psi_t, _ = translator.psi(draft, t)
+        if psi_t <= 0 or torch.rand((), generator=generator).item() * psi_t <= float(p[0, t]):
+            return 1, int(torch.multinomial(p[1], 1, generator=generator))
+        for _ in range(RESIDUAL_TRIES):
+            c = int(torch.multinomial(p[0], 1, generator=generator))
+            p_c = float(p[0, c])
+            psi_c = psi_t if c == t else translator.psi(draft, c)[0]
+            if torch.rand((), generator=generator).item() * p_c < p_c - min(p_c, psi_c):
+                return 0, c
+        return 0, int(torch.multinomial(p[0], 1, generator=generator))

@@ -10,6 +10,10 @@ Two strategies behind one interface (:class:`Translator`):
   tokenizer after a short look-behind, so a drafter token that spans two target tokens (SmolLM2's
   '\\n' + indent against Qwen's '):\\n' then the indent) is still proposed. It has no per-token q',
   so it serves greedy verification.
+- :class:`RedistributingTranslator` (RDK, ``affinity.py``): the drafter's intersection-restricted
+  distribution is redistributed onto target tokens it cannot say (p' = Mᵀq'), and the draft is
+  sampled in *target* ids; each one is fed back to the drafter as its drafter spelling.
+- ``slrs.py``'s string translator (SLRS): the drafted string's first target token.
 
 Both keep the drafter's context in step with what the target emitted (reverse translation,
 Algorithm 1 lines 17-19) and learn n-grams on the way when given a cache to learn into.
@@ -23,12 +27,20 @@ from typing import Protocol
 import torch
 
 from omnidraft.drafter.base import Draft
+from omnidraft.drafter.policy import Sampler
 from omnidraft.ngram.trie import NgramCache, TrieNode
+from omnidraft.verify.sampling import probs_from_logits
 from omnidraft.vocab.bridge import Translation, VocabBridge
 from omnidraft.vocab.reverse import DrafterContext, drafted_inside
 
 
 class Translator(Protocol):
+    def sampler(self, base: Sampler) -> Sampler:
+        """How the drafter picks its tokens under this translation (most keep ``base``)."""
+
+    def stop_rule(self, default):
+        """When a draft ends (most keep the draft policy's ``default``)."""
+
     def constraint(self, vocab_size: int):
         """The drafter's constraint for one draft (``omnidraft.drafter.policy.DraftConstraint``)."""
 
@@ -68,6 +80,12 @@ class TextTranslator:
     def __init__(self, bridge: VocabBridge, learn: NgramCache | None = None) -> None:
         self.bridge, self.learn = bridge, learn
         self._bias: dict[int, torch.Tensor] = {}
+
+    def sampler(self, base: Sampler) -> Sampler:
+        return base
+
+    def stop_rule(self, default):
+        return default
 
     def constraint(self, vocab_size: int) -> _FixedBias:
         """Any drafter token with bytes may be proposed, and a special token with a target partner."""
@@ -160,6 +178,12 @@ class TokenTranslator:
             self._dm_bias = bias
         return self._dm_bias
 
+    def sampler(self, base: Sampler) -> Sampler:
+        return base
+
+    def stop_rule(self, default):
+        return default
+
     def root_extras(self, vocab_size: int) -> torch.Tensor:
         """Non-direct-mapped first sub-tokens of cached n-grams (recomputed when the cache changes)."""
         key = (id(self.propose), self.propose.version)
@@ -229,3 +253,70 @@ class TokenTranslator:
         q_t = torch.zeros(self.target_vocab_size, dtype=row.dtype)
         q_t.index_add_(0, self._dm_tgt, row[self._dm_src])
         return q_t
+
+
+# ---------------------------------------------------------------- RDK (out-of-vocabulary sampling)
+
+
+class RedistributingSampler(Sampler):
+    """RDK's drafting step (Algorithm 1): q over the intersection (TLI, after temperature and
+    top-p), moved to target ids, redistributed by the affinity kernel (p' = Mᵀq'); the drafted
+    token is a *target* id t ~ p', and p' is what the verifier compares p with."""
+
+    def __init__(self, base: Sampler, translator: RedistributingTranslator) -> None:
+        super().__init__(base.temperature, base.top_p, True, base.generator)
+        self.translator = translator
+
+    def choose(self, masked: torch.Tensor) -> tuple[int, torch.Tensor]:
+        q = probs_from_logits(masked, self.temperature, self.top_p)
+        p_prime = self.translator.kernel.redistribute(self.translator.dm_target_probs(q))
+        return int(torch.multinomial(p_prime, 1, generator=self.generator)), p_prime
+
+    def feed(self, token: int) -> list[int]:
+        return self.translator.spelling(token)
+
+
+class RedistributingTranslator(TokenTranslator):
+    """The ``rdk`` rule's translation: drafts are target ids already (see RedistributingSampler)."""
+
+    def __init__(self, bridge: VocabBridge, target_vocab_size: int, learn: NgramCache | None = None,
+                 tau: float | None = None) -> None:
+        from omnidraft.vocab.affinity import DEFAULT_TAU, kernel_for
+
+        super().__init__(bridge, target_vocab_size, None, learn)
+        self.kernel = kernel_for(bridge, DEFAULT_TAU if tau is None else tau)
+        self._spellings: dict[int, list[int]] = {}
+
+    def sampler(self, base: Sampler) -> Sampler:
+        return RedistributingSampler(base, self)
+
+    def spelling(self, target_id: int) -> list[int]:
+        """The drafter tokens that carry a target token into the drafter's context."""
+        found = self._spellings.get(target_id)
+        if found is None:
+            mapped = int(self.bridge.t2d[target_id]) if target_id < len(self.bridge.t2d) else -1
+            data = self.bridge.target_bytes(target_id)
+            found = [mapped] if mapped >= 0 else (self.bridge.drafter_encode(data) if data else [])
+            self._spellings[target_id] = found
+        return found
+
+    def forward(self, context: Sequence[int], draft: Draft) -> Translation:
+        k = len(draft.tokens)
+        return Translation(list(draft.tokens), [(i, i + 1) for i in range(k)], [False] * k)
+
+    def reverse(self, ctx: DrafterContext, draft: Draft, tr: Translation, emitted: list[int], accepted: int) -> None:
+        """Every emitted token goes back as its bytes (re-tokenized with a look-behind)."""
+        for tok in emitted:
+            ctx.append_target(tok, self.learn)
+
+    def drafted_kept(self, draft: Draft, tr: Translation, accepted: int, proposed: list[int]) -> int:
+        return accepted
+
+    def ngram_hits(self, draft: Draft, tr: Translation, proposed: int, accepted: int) -> tuple[int, int]:
+        return 0, 0
+
+    def draft_target_probs(self, draft: Draft, tr: Translation, i: int) -> torch.Tensor:
+        return draft.q[i]  # p' of Algorithm 1, over the target vocabulary
+
+    def null_proposal(self, draft: Draft, tr: Translation, proposed: int) -> torch.Tensor | None:
+        return None  # every drafted token is a target token: nothing is left unproposed
