@@ -10,7 +10,7 @@ from tiny import tiny_model, tiny_pair, tiny_tokenizer
 
 from omnidraft.errors import OmnidraftError
 from omnidraft.runtime import build_bridge
-from omnidraft.vocab.affinity import build_kernel, prefix_pairs, taylor_redistribution
+from omnidraft.vocab.affinity import build_kernel, merge_ranks, prefix_pairs, taylor_redistribution
 from omnidraft.vocab.slrs import MAX_FORWARDS, check_lookahead, first_target_token, index_for, psi_row, tree_sizes
 
 
@@ -82,3 +82,13 @@ def test_a_lookahead_whose_tree_blows_up_is_refused():
     check_lookahead(pair, 1)  # lookahead 1 never walks a tree
     with pytest.raises(OmnidraftError, match="lookahead 8 would need over"):
         check_lookahead(pair, 8)
+
+
+def test_merge_ranks_order_tokens_by_when_bpe_made_them(bridge):
+    """Base pieces rank 0; a merged token ranks after the tokens it is made of (merges are learned
+    most-frequent-first) — the frequency prior of the affinity kernel, from the tokenizer alone."""
+    tok = bridge.target_tokenizer
+    ranks = merge_ranks(tok, bridge.target_vocab_size)
+    vocab = tok.get_vocab()
+    assert float(ranks[vocab["t"]]) == 0.0 < float(ranks[vocab["Ġt"]]) < float(ranks[vocab["Ġthe"]])
+    assert int((ranks > 0).sum()) == len(vocab) - 257  # every token but the 256 bytes and <eos> is a merge

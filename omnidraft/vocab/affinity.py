@@ -12,9 +12,10 @@ reaching for '):' is evidence that the target may write '):\\n'. eq. (2) gives t
 
     M_ij = exp(Ω_ij / τ) / Σ_k exp(Ω_ik / τ)   over k ∈ {i} ∪ ext(i),
 
-with Ω_ik = −log(rank_k), rank_k = k + 1: the ids of a BPE vocabulary follow its merge order,
-which follows corpus frequency (Zipf), so a frequent extension gets more of i's mass than a rare
-one, and the share i keeps grows as τ falls (τ → 0 is TLI). M is sparse (each row holds i and its
+with Ω_ik = −log(1 + rank_k), rank_k = the position of the merge that makes token k in the target
+tokenizer's BPE merge list (0 for a base piece): merges are learned most-frequent-first, so a
+frequent extension gets more of i's mass than a rare one (Zipf), and the share i keeps grows as τ
+falls (τ → 0 is TLI). No extension gets more weight than i itself (Ω_ij is capped at Ω_ii). M is sparse (each row holds i and its
 extensions), so p' = Mᵀq' costs O(nnz(M)) per drafted position — linear in the vocabulary, like
 the paper's first-order form, eq. (3), but exact. eq. (3) is ``taylor_redistribution`` below: it
 spreads θ·p_j/(N + p_j) onto every token, which at N ≈ 10⁵ intersection tokens moves about θ/N of
@@ -29,7 +30,7 @@ import torch
 
 from omnidraft.vocab.bridge import VocabBridge
 
-DEFAULT_TAU = 0.5  # chosen by the expected-acceptance study in docs/sampling.md
+DEFAULT_TAU = 0.25  # chosen by the expected-acceptance study in docs/sampling.md
 
 
 @dataclass
@@ -79,14 +80,42 @@ def build_kernel(bridge: VocabBridge, tau: float = DEFAULT_TAU) -> AffinityKerne
     rows = torch.tensor(rows_l, dtype=torch.long)
     cols = torch.tensor(cols_l, dtype=torch.long)
     n = bridge.target_vocab_size
-    log_rank = torch.log(torch.arange(1, n + 1, dtype=torch.float64))
+    log_rank = torch.log(merge_ranks(bridge.target_tokenizer, n) + 1.0)
     # Row-wise softmax of -log(rank)/tau over {i} ∪ ext(i), computed relative to the self term
     # (exp((log rank_i - log rank_j)/tau)) so no row underflows.
-    rel = torch.exp((log_rank[rows] - log_rank[cols]) / tau)
+    # An extension never outweighs i itself: ids follow frequency in a BPE vocabulary, not in every
+    # SentencePiece one (Gemma's), and an extension that took most of i's mass would lose acceptance
+    # wherever the target simply wants i.
+    rel = torch.exp(((log_rank[rows] - log_rank[cols]) / tau).clamp_max(0.0))
     norm = torch.ones(n, dtype=torch.float64).index_add_(0, rows, rel)
     keep = (1.0 / norm).to(torch.float32)
     weights = (rel / norm[rows]).to(torch.float32)
     return AffinityKernel(keep, rows, cols, weights, tau)
+
+
+def merge_ranks(tokenizer, vocab_size: int) -> torch.Tensor:
+    """How late each token is made in the tokenizer's BPE merge list (0 for base pieces): merges are
+    learned most-frequent-first, so this ranks tokens by corpus frequency from the tokenizer alone.
+    Ids stand in where the tokenizer has no merge list (they follow merge order in most BPE files)."""
+    import json
+
+    ranks = torch.arange(vocab_size, dtype=torch.float64)
+    try:
+        model = json.loads(tokenizer.backend_tokenizer.to_str())["model"]
+        vocab, merges = model["vocab"], model["merges"]
+    except (AttributeError, KeyError, TypeError, ValueError):
+        return ranks
+    if not merges:
+        return ranks
+    ranks.fill_(0.0)
+    seen: set[int] = set()
+    for r, merge in enumerate(merges):
+        left, right = merge if isinstance(merge, list) else merge.split(" ", 1)
+        tid = vocab.get(left + right)
+        if tid is not None and tid < vocab_size and tid not in seen:
+            seen.add(tid)
+            ranks[tid] = r + 1
+    return ranks
 
 
 _KERNELS: dict[tuple[int, float], AffinityKernel] = {}
