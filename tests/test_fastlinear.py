@@ -55,8 +55,11 @@ def test_every_candidate_kernel_computes_f_linear_and_the_choice_is_kept(rows):
     model = fastlinear.install(Tiny(), transposed_head=True)
     x = torch.randn(rows, 32)
     expected = torch.nn.functional.linear(x, model.head.weight)
-    for kernel in (fastlinear._f_linear, fastlinear._weights_first, fastlinear._transposed):
+    kernels = (fastlinear._f_linear, fastlinear._weights_first, fastlinear._transposed) + (
+        (fastlinear._two_rows,) if rows == 1 else ())
+    for kernel in kernels:
         torch.testing.assert_close(kernel(model.head, x), expected, rtol=1e-5, atol=1e-5)
+        assert kernel(model.head, x).shape == expected.shape
     chosen = fastlinear._choose(model.head, x)
     assert fastlinear._choose(model.head, x) is chosen is fastlinear._CHOICE[(50, 32, rows, True)]
 

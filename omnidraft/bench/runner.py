@@ -8,6 +8,7 @@ reported but only ratios are meant to be compared across machines.
 
 from __future__ import annotations
 
+import copy
 import statistics
 import time
 from collections.abc import Callable, Collection, Sequence
@@ -292,7 +293,8 @@ def build_modes(pipe, modes: Sequence[str], base: DecodeConfig, temperature: flo
         "text-sample": lambda: spec(cfg(verify="text-sample", temperature=temperature, translate="text"), ngrams_factory()),
         "rdk": lambda: spec(cfg(verify="rdk", temperature=temperature), NgramTrie()),
         "slrs": lambda: spec(cfg(verify="slrs", temperature=temperature), NgramTrie()),
-        "hf-uag-sample": lambda: hf_mode(pipe.target_model, target.tokenizer, max_new_tokens, pipe.drafter_model,
+        # transformers prunes the assistant's LM head to the shared vocabulary when UAG samples: it gets a copy
+        "hf-uag-sample": lambda: hf_mode(pipe.target_model, target.tokenizer, max_new_tokens, copy.deepcopy(pipe.drafter_model),
                                          bridge.drafter_tokenizer, temperature=temperature, seed=base.seed),
         "hf-target": lambda: hf_mode(pipe.target_model, target.tokenizer, max_new_tokens),
         "hf-uag": lambda: hf_mode(pipe.target_model, target.tokenizer, max_new_tokens, pipe.drafter_model, bridge.drafter_tokenizer),
