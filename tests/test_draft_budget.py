@@ -8,7 +8,7 @@ from tiny import tiny_pair
 from omnidraft.config import DecodeConfig
 from omnidraft.costs import DraftCost, VerifyCosts
 from omnidraft.decode import SpeculativeDecoder
-from omnidraft.drafter.budget import EXPLORE_EVERY, CostAwareStop, DraftBudget
+from omnidraft.drafter.budget import EXPLORE_EVERY, EXPLORE_MAX, CostAwareStop, DraftBudget
 from omnidraft.runtime import make_drafter
 
 LLAMA_CPP = {0: 0.020, 1: 0.037, 3: 0.051, 7: 0.087}  # Qwen-0.5B on llama.cpp: compute-bound
@@ -33,6 +33,24 @@ def test_drafts_when_verifying_k_tokens_costs_about_one_step():
     for _ in range(200):
         b.stats.update(4, 0)  # a drafter that is always wrong
     assert b.plan(8) == 0
+
+
+def test_explorations_that_lose_time_become_rarer_and_one_that_pays_resets_them():
+    b = budget(VerifyCosts.flat(0.150), drafter_s=0.030)
+    for _ in range(200):
+        b.stats.update(4, 0)  # drafting does not pay: plain steps, with explorations
+    gaps, last = [], 0
+    for step in range(1, 2000):
+        if b.plan(8):
+            gaps.append(step - last)
+            last = step
+            b.observe_step(4, 0.12, 4, 0.16, 0, [0.5] * 4)  # the exploration lost time (1 token for 0.28 s)
+    assert gaps[:4] == [EXPLORE_EVERY, 2 * EXPLORE_EVERY, 4 * EXPLORE_EVERY, 8 * EXPLORE_EVERY]
+    assert max(gaps) == EXPLORE_MAX
+    while not b.plan(8):
+        pass
+    b.observe_step(4, 0.12, 4, 0.16, 4, [0.9] * 4)  # 5 tokens for 0.28 s: it paid
+    assert b.explore_every == EXPLORE_EVERY
 
 
 def test_a_free_drafter_pays_on_llama_cpp_with_high_acceptance():

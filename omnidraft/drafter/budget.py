@@ -16,7 +16,9 @@ Each step: if no draft length k > 0 is expected to beat a plain step (E(k)/T(k) 
 ``costs.best_draft_length``), the step is a plain target step — never drafting at a loss. Else
 the drafter drafts token by token, and after each token the policy asks ``costs.should_continue``
 with that token's own acceptance estimate. A step that skipped drafting occasionally drafts
-anyway (when drafting could pay at all), so the statistics follow a drafter or text that changes.
+anyway (when drafting could pay at all), so the statistics follow a drafter or text that changes;
+each exploration that loses time makes the next one twice as rare (every 16 skipped steps at
+first, at most every 256), so a pair where drafting never pays costs almost nothing.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from omnidraft.costs import (
 MEASURE_KS = (0, 1, 2, 3, 4, 6, 8)  # proposals per measured verify (k + 1 new tokens)
 MEASURE_CONTEXT = 128  # context tokens behind the measured evals
 EXPLORE_EVERY = 16  # a skipped step drafts anyway this often, when drafting could pay at all
+EXPLORE_MAX = 256  # ... and, after explorations that lost time, up to this rarely (doubling each time)
 OPTIMISTIC_ACCEPTANCE = 0.9  # "could pay at all": the best case a real drafter reaches
 
 
@@ -77,6 +80,9 @@ class DraftBudget:
         self.lookup_stats = AcceptanceStats(k_max, prior_mean=0.5, decay=0.995)  # prompt-lookup drafts
         self.calibration = ConfidenceCalibration()
         self.skipped = 0
+        self.explore_every = EXPLORE_EVERY
+        self._since_explored = 0
+        self._exploring = False
         self.choices: dict[int, int] = {}  # draft budget chosen -> steps (what the policy did)
 
     @property
@@ -157,10 +163,13 @@ class DraftBudget:
         """How many tokens this step may draft at most; 0 = a plain target step."""
         d, verify = self.draft.seconds_per_token, self._verify_costs()
         k = best_draft_length(self.stats.rates(k_max), d, verify, k_max)
+        self._exploring = False
         if k == 0:
             self.skipped += 1
-            if self.skipped % EXPLORE_EVERY == 0 and best_draft_length(OPTIMISTIC_ACCEPTANCE, d, verify, k_max):
+            self._since_explored += 1
+            if self._since_explored >= self.explore_every and best_draft_length(OPTIMISTIC_ACCEPTANCE, d, verify, k_max):
                 k = k_max  # explore: the statistics must see drafts to notice that they could pay
+                self._exploring, self._since_explored = True, 0
         self.choices[k] = self.choices.get(k, 0) + 1
         return k and k_max
 
@@ -189,6 +198,10 @@ class DraftBudget:
         self.draft.observe(drafted, draft_s)
         if verify_s is not None:
             self.verify.observe(proposed, verify_s)
+            if self._exploring:  # a losing exploration makes the next one twice as rare; a paying one resets
+                paid = (kept + 1) * self._verify_costs()(0) >= draft_s + verify_s
+                self.explore_every = EXPLORE_EVERY if paid else min(2 * self.explore_every, EXPLORE_MAX)
+                self._exploring = False
         self.stats.update(drafted, kept)
         for i, q in enumerate(token_probs[: kept + 1]):  # conditional on the ones before being kept
             self.calibration.update(q, i < kept)
