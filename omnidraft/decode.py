@@ -31,7 +31,12 @@ from omnidraft.verify import rule_info
 from omnidraft.vocab.bridge import Translation, VocabBridge
 from omnidraft.vocab.reverse import DrafterContext
 from omnidraft.vocab.slrs import StringTranslator, check_lookahead
-from omnidraft.vocab.translate import RedistributingTranslator, TextTranslator, TokenTranslator, Translator
+from omnidraft.vocab.translate import (
+    RedistributingTranslator,
+    TextTranslator,
+    TokenTranslator,
+    Translator,
+)
 
 LOOKUP_RULES = ("greedy", "text-sample")  # rules that verify a deterministic draft of target ids
 LOOKUP_MAX = 16  # most tokens a lookup draft copies (it costs nothing to draft; the policy cuts it)
@@ -164,6 +169,7 @@ class SpeculativeDecoder:
         self.use_lookup = drafter is not None if lookup is None else lookup
         self.lookup = LookupIndex()
         self.history = history
+        self._lookup_source = ""  # where the current lookup draft came from (see _lookup_draft)
 
     # ---- public API ----------------------------------------------------------------------------
     def generate(self, prompt_ids: Sequence[int], config: DecodeConfig) -> DecodeResult:
@@ -266,12 +272,15 @@ class SpeculativeDecoder:
         if remaining <= 1:
             return []
         k_max = min(LOOKUP_MAX, remaining - 1)
-        copied, _ = self.lookup.propose(k_max)
+        copied, matched = self.lookup.propose(k_max)
         from_history = not copied and self.history is not None
         if from_history:
-            copied = self.history.propose(ids, k_max)
-        if copied and cost_aware:  # the same cut for both: verification decides what is kept
-            copied = copied[: self.budget.plan_lookup(len(copied))]
+            copied, matched = self.history.propose_match(ids, k_max)
+        # Acceptance is counted per source and match length: a 4-token match in the context is far
+        # likelier to continue as before than a 2-token one.
+        self._lookup_source = f"{'history' if from_history else 'context'}-{matched}"
+        if copied and cost_aware:  # verification decides what is kept
+            copied = copied[: self.budget.plan_lookup(len(copied), self._lookup_source)]
         if copied and from_history:
             self.stats.history_steps += 1  # a non-empty draft is always verified by _lookup_step
         return copied
@@ -296,9 +305,7 @@ class SpeculativeDecoder:
         emitted, done = self._finish(copied[:n] + [verdict.next_token], remaining)
         s = self.stats
         if cost_aware:
-            self.budget.lookup_stats.update(len(copied), n)
-            if s.steps > 0:
-                self.budget.verify.observe(len(copied), seconds)
+            self.budget.observe_lookup(self._lookup_source, len(copied), n, seconds if s.steps > 0 else None)
         s.verify_s += seconds
         s.steps += 1
         s.target_forwards += 1

@@ -10,8 +10,20 @@ from tiny import tiny_model, tiny_pair, tiny_tokenizer
 
 from omnidraft.errors import OmnidraftError
 from omnidraft.runtime import build_bridge
-from omnidraft.vocab.affinity import build_kernel, merge_ranks, prefix_pairs, taylor_redistribution
-from omnidraft.vocab.slrs import MAX_FORWARDS, check_lookahead, first_target_token, index_for, psi_row, tree_sizes
+from omnidraft.vocab.affinity import (
+    build_kernel,
+    merge_ranks,
+    prefix_pairs,
+    taylor_redistribution,
+)
+from omnidraft.vocab.slrs import (
+    MAX_FORWARDS,
+    check_lookahead,
+    first_target_token,
+    index_for,
+    psi_row,
+    tree_sizes,
+)
 
 
 @pytest.fixture(scope="module")

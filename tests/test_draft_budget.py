@@ -8,7 +8,12 @@ from tiny import tiny_pair
 from omnidraft.config import DecodeConfig
 from omnidraft.costs import DraftCost, VerifyCosts
 from omnidraft.decode import SpeculativeDecoder
-from omnidraft.drafter.budget import EXPLORE_EVERY, EXPLORE_MAX, CostAwareStop, DraftBudget
+from omnidraft.drafter.budget import (
+    EXPLORE_EVERY,
+    EXPLORE_MAX,
+    CostAwareStop,
+    DraftBudget,
+)
 from omnidraft.runtime import make_drafter
 
 LLAMA_CPP = {0: 0.020, 1: 0.037, 3: 0.051, 7: 0.087}  # Qwen-0.5B on llama.cpp: compute-bound
@@ -112,3 +117,24 @@ def test_what_a_process_measured_is_kept_for_the_next_one(tmp_path):
     fresh = DraftBudget()
     BudgetKeeper(fresh, path)
     assert not fresh.measured
+
+
+def test_lookup_drafts_are_explored_where_only_a_good_source_pays_and_counted_per_source():
+    """On llama.cpp a 1-proposal verify costs ~2 steps: at the prior's 0.5 no lookup draft pays, so
+    the policy tries one now and then; once a source (a long match) shows it is right it is used,
+    while a source that is often wrong stays off."""
+    b = budget(VerifyCosts({0: 0.016, 1: 0.037, 2: 0.047, 4: 0.067, 8: 0.081, 16: 0.150}), drafter_s=0.020)
+    assert b.plan_lookup(8, "context-4") == 0  # the prior: not worth it
+    tries = 0
+    for _ in range(EXPLORE_EVERY * 12):
+        k = b.plan_lookup(8, "context-4")
+        if k:
+            tries += 1
+            b.observe_lookup("context-4", k, k, 0.081)  # all accepted: 9 tokens for one 81 ms verify
+    assert tries >= 1 and b.plan_lookup(8, "context-4") > 0
+    assert b.lookup_explore_every == EXPLORE_EVERY  # the explorations paid: no backoff
+    for _ in range(30):
+        b.observe_lookup("context-2", 4, 0, 0.067)
+    assert b.plan_lookup(8, "context-2") == 0  # counted apart: the good source does not vouch for it
+    restored = DraftBudget()
+    assert restored.restore(b.state()) and restored.plan_lookup(8, "context-4") > 0

@@ -23,9 +23,9 @@ from omnidraft.ngram.trie import NgramCache, NgramTrie
 # greedy: text translation (our default); greedy-ngram: the paper's token mapping + n-gram cache;
 # greedy-nocache: token mapping alone. tli / omnidraft: rejection sampling at --temperature.
 # greedy-repeat: the same request a second time, with the lookup history of the first (a repeated session).
-OUR_MODES = ("target", "greedy", "greedy-ngram", "greedy-nocache", "tli", "omnidraft", "text-sample", "rdk", "slrs",
+OUR_MODES = ("target", "target-sample", "greedy", "greedy-ngram", "greedy-nocache", "tli", "omnidraft", "text-sample", "rdk", "slrs",
              "lookup", "greedy-nolookup", "greedy-repeat")
-SAMPLING_MODES = ("tli", "omnidraft", "text-sample", "rdk", "slrs", "hf-uag-sample")  # at --sample-temperature
+SAMPLING_MODES = ("tli", "omnidraft", "text-sample", "rdk", "slrs", "hf-uag-sample", "target-sample")  # at --sample-temperature
 HF_MODES = ("hf-target", "hf-uag", "hf-lookup", "hf-uag-sample")
 # On llama.cpp: its own greedy loop (llama-cpp-python's ``Llama.generate``), our loop with the
 # target alone, ours with the cost-aware draft policy, and ours drafting blindly (always k = 4).
@@ -38,9 +38,13 @@ GREEDY_MODES = ("target", "hf-target", "hf-uag", "hf-lookup", "greedy", "greedy-
                 "lookup", "greedy-nolookup", "greedy-repeat") + LLAMA_MODES
 
 
-def baseline_of(mode: str) -> str:
-    """Each engine's modes are compared with its own target alone (the llama.cpp modes with ours on llama.cpp)."""
-    return "target@llamacpp" if mode in LLAMA_MODES else "target"
+def baseline_of(mode: str, available: Collection[str] = ()) -> str:
+    """Each engine's modes are compared with its own target alone (the llama.cpp modes with ours on
+    llama.cpp), and a sampling mode with the target sampling at the same temperature when that ran
+    (``target-sample``: a plain sampled step pays a softmax and a draw that a greedy one does not)."""
+    if mode in LLAMA_MODES:
+        return "target@llamacpp"
+    return "target-sample" if mode in SAMPLING_MODES and "target-sample" in available else "target"
 
 
 @dataclass
@@ -85,7 +89,8 @@ def summarize(runs: dict[str, list[PromptRun]], baseline: str | None = "target",
     """
     out: dict[str, dict] = {}
     for mode, mode_runs in runs.items():
-        base_name = None if baseline is None else (baseline_of(mode) if mode in LLAMA_MODES else baseline)
+        base_name = None if baseline is None else (
+            baseline_of(mode, runs) if mode in LLAMA_MODES or mode in SAMPLING_MODES else baseline)
         base = runs.get(base_name) if base_name is not None else None
         tokens = sum(len(r.token_ids) for r in mode_runs)
         wall = sum(r.wall_s for r in mode_runs)
@@ -285,6 +290,7 @@ def build_modes(pipe, modes: Sequence[str], base: DecodeConfig, temperature: flo
 
     table: dict[str, Callable[[], ModeFn]] = {
         "target": lambda: our_mode(SpeculativeDecoder(target), cfg(verify="greedy", lookup=False)),
+        "target-sample": lambda: our_mode(SpeculativeDecoder(target), cfg(verify=None, temperature=temperature, lookup=False)),
         "greedy": lambda: spec(cfg(verify="greedy", translate="text"), ngrams_factory()),
         "greedy-ngram": lambda: spec(cfg(verify="greedy", translate="tokens", lookup=False), ngrams_factory()),
         "greedy-nocache": lambda: spec(cfg(verify="greedy", translate="tokens", use_ngram=False, lookup=False), NgramTrie()),

@@ -174,8 +174,8 @@ def _llama_target(args: argparse.Namespace, pipe):
 
 
 def run(args: argparse.Namespace) -> int:
-    from omnidraft.bench.report import markdown_table, write_results
     from omnidraft.bench.conversations import expand_turns
+    from omnidraft.bench.report import markdown_table, write_results
     from omnidraft.bench.runner import (
         LLAMA_MODES,
         ONNX_MODES,

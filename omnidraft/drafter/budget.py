@@ -77,7 +77,11 @@ class DraftBudget:
         self.verify: VerifyCosts | None = None
         self.draft = DraftCost(alpha=0.1)
         self.stats = AcceptanceStats(k_max, prior_mean=0.6, decay=0.995)
-        self.lookup_stats = AcceptanceStats(k_max, prior_mean=0.5, decay=0.995)  # prompt-lookup drafts
+        self.k_max = k_max
+        self.lookup_stats: dict[str, AcceptanceStats] = {}  # per lookup source ("context-4", "history-3", …)
+        self.lookup_explore_every = EXPLORE_EVERY
+        self._lookup_since = 0
+        self._lookup_exploring = False
         self.calibration = ConfidenceCalibration()
         self.skipped = 0
         self.explore_every = EXPLORE_EVERY
@@ -124,7 +128,7 @@ class DraftBudget:
         return {"format": 2, "verify_s": {str(k): v for k, v in (self.verify.table.items() if self.verify else [])},
                 "draft_s": self.draft.seconds_per_token if self.draft.known else None,
                 "stats": {"tried": self.stats.tried, "accepted": self.stats.accepted},
-                "lookup": {"tried": self.lookup_stats.tried, "accepted": self.lookup_stats.accepted},
+                "lookup": {key: {"tried": st.tried, "accepted": st.accepted} for key, st in self.lookup_stats.items()},
                 "calibration": {"tried": self.calibration.tried, "accepted": self.calibration.accepted}}
 
     def restore(self, state: dict) -> bool:
@@ -140,19 +144,28 @@ class DraftBudget:
         ok = (state.get("format") == 2 and len(tried) == len(accepted) == self.stats.max_positions
               and len(c_tried) == len(c_accepted) == self.calibration.bins and draft > 0
               and all(0 <= a <= t for a, t in zip(accepted + c_accepted, tried + c_tried)))
-        lookup = state.get("lookup") if isinstance(state.get("lookup"), dict) else {}
-        try:
-            l_tried, l_accepted = [float(x) for x in lookup["tried"]], [float(x) for x in lookup["accepted"]]
-            ok = ok and len(l_tried) == len(l_accepted) == self.lookup_stats.max_positions
-        except (KeyError, TypeError, ValueError):
-            l_tried = l_accepted = None
+        lookup = self._restore_lookup(state.get("lookup"))
         if ok:
-            if l_tried is not None:
-                self.lookup_stats.tried, self.lookup_stats.accepted = l_tried, l_accepted
+            self.lookup_stats.update(lookup)
             self.verify, self.draft = verify, DraftCost(draft, alpha=0.1)
             self.stats.tried, self.stats.accepted = tried, accepted
             self.calibration.tried, self.calibration.accepted = c_tried, c_accepted
         return ok
+
+    def _restore_lookup(self, saved) -> dict[str, AcceptanceStats]:
+        """The per-source lookup statistics of a saved state; what is malformed is left out."""
+        out: dict[str, AcceptanceStats] = {}
+        for key, counts in (saved.items() if isinstance(saved, dict) else ()):
+            try:
+                tried, accepted = [float(x) for x in counts["tried"]], [float(x) for x in counts["accepted"]]
+            except (KeyError, TypeError, ValueError):
+                continue
+            if isinstance(key, str) and len(tried) == len(accepted) == self.k_max and all(
+                    0 <= a <= t for a, t in zip(accepted, tried)):
+                stats = self.lookup_for(key)
+                stats.tried, stats.accepted = tried, accepted
+                out[key] = stats
+        return out
 
     def cost_table_ms(self) -> dict[int, float]:
         return {k: round(v * 1000, 2) for k, v in (self.verify.table.items() if self.verify else [])}
@@ -173,9 +186,34 @@ class DraftBudget:
         self.choices[k] = self.choices.get(k, 0) + 1
         return k and k_max
 
-    def plan_lookup(self, k_max: int) -> int:
-        """How many tokens of a lookup draft (free to draft) are expected to pay; 0: none."""
-        return best_draft_length(self.lookup_stats.rates(k_max), 0.0, self._verify_costs(), k_max)
+    def lookup_for(self, source: str) -> AcceptanceStats:
+        if source not in self.lookup_stats:
+            self.lookup_stats[source] = AcceptanceStats(self.k_max, prior_mean=0.5, decay=0.995)
+        return self.lookup_stats[source]
+
+    def plan_lookup(self, k_max: int, source: str = "context") -> int:
+        """How many tokens of a lookup draft (free to draft) from ``source`` are expected to pay; 0:
+        none. Where the prior says no but a lookup could pay at all (an engine whose verify costs
+        grow fast, llama.cpp), a draft is tried now and then so the counts can show it does."""
+        verify = self._verify_costs()
+        k = best_draft_length(self.lookup_for(source).rates(k_max), 0.0, verify, k_max)
+        self._lookup_exploring = False
+        if k == 0:
+            self._lookup_since += 1
+            if self._lookup_since >= self.lookup_explore_every and best_draft_length(OPTIMISTIC_ACCEPTANCE, 0.0, verify, k_max):
+                k, self._lookup_since, self._lookup_exploring = k_max, 0, True
+        return k
+
+    def observe_lookup(self, source: str, proposed: int, accepted: int, verify_s: float | None) -> None:
+        """A verified lookup draft (``verify_s`` None: the verify also read the prompt)."""
+        self.lookup_for(source).update(proposed, accepted)
+        if verify_s is None:
+            return
+        self.verify.observe(proposed, verify_s)
+        if self._lookup_exploring:
+            paid = (accepted + 1) * self._verify_costs()(0) >= verify_s
+            self.lookup_explore_every = EXPLORE_EVERY if paid else min(2 * self.lookup_explore_every, EXPLORE_MAX)
+            self._lookup_exploring = False
 
     def sequence(self, k_max: int) -> SequentialDraft:
         return SequentialDraft(self.draft.seconds_per_token, self._verify_costs(), k_max)

@@ -48,7 +48,7 @@ from omnidraft.ngram.files import (
     history_path,
     is_busy,
     is_corruption,
-    set_aside,
+    report_problem,
 )
 from omnidraft.vocab.identity import vocab_fingerprint
 
@@ -127,8 +127,12 @@ class LookupHistory:
     def propose(self, context_ids: Sequence[int], k: int) -> list[int]:
         """Up to ``k`` ids that followed the context's last n ids last time, for the longest n in
         ``ORDERS`` that was seen; [] when none was."""
+        return self.propose_match(context_ids, k)[0]
+
+    def propose_match(self, context_ids: Sequence[int], k: int) -> tuple[list[int], int]:
+        """(``propose``'s ids, the n that matched; 0 without a match)."""
         if k <= 0:
-            return []
+            return [], 0
         for n in ORDERS:
             if len(context_ids) < n:
                 continue
@@ -137,8 +141,8 @@ class LookupHistory:
             if entry is not None:
                 entry.hits += 1
                 self._use(key, entry)
-                return _unpack(entry.continuation[: k * _ITEM])
-        return []
+                return _unpack(entry.continuation[: k * _ITEM]), n
+        return [], 0
 
     def record(self, token_ids: Sequence[int]) -> None:
         """Index a finished text (the prompt's last ``PROMPT_TAIL`` ids + the output): every
@@ -231,13 +235,7 @@ class LookupHistory:
 
     def _report(self, problem: StoreProblem) -> None:
         """One line on stderr; the file is moved aside (writable) or ignored (read-only)."""
-        if self.read_only:
-            self.problem = f"lookup history {self.path} is {problem.kind} ({problem.detail}); ignoring it (read-only)"
-        else:
-            aside = set_aside(self.path, problem.kind)
-            where = f"moved it aside to {aside.name}" if aside else "another process moved it aside"
-            self.problem = f"lookup history {self.path} is {problem.kind} ({problem.detail}); {where} and starting empty"
-        warn(self.problem)
+        self.problem = report_problem("lookup history", self.path, problem, self.read_only)
 
     def save(self) -> bool:
         """Write what changed since the last save as one transaction. Returns False when it stays

@@ -25,7 +25,7 @@ from omnidraft.adapter.head import AcceptHead, should_stop
 from omnidraft.config import DRAFT_STOPS
 from omnidraft.drafter.budget import CostAwareStop, DraftBudget
 from omnidraft.errors import OmnidraftError
-from omnidraft.verify.sampling import probs_from_logits
+from omnidraft.verify.sampling import draw, probs_from_logits
 
 
 class DraftConstraint(Protocol):
@@ -51,7 +51,7 @@ class Sampler:
         q = probs_from_logits(masked, self.temperature, self.top_p)
         if self.temperature <= 0:
             return int(masked.argmax()), q
-        return int(torch.multinomial(q, 1, generator=self.generator)), q
+        return draw(q, self.generator), q
 
     def feed(self, token: int) -> list[int]:
         """The drafter ids that carry a chosen token into the drafter's context (itself, here;

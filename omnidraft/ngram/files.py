@@ -25,6 +25,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from omnidraft.console import warn
 from omnidraft.errors import OmnidraftError
 from omnidraft.home import home_dir
 from omnidraft.vocab.identity import check_pair_id
@@ -288,6 +289,19 @@ def set_aside(path: Path, kind: str) -> Path | None:
             except FileNotFoundError:
                 pass
     return target
+
+
+def report_problem(what: str, path: Path, problem: StoreProblem, read_only: bool) -> str:
+    """One line on stderr for a bad store file (``what``: "n-gram cache", "lookup history"), which
+    is moved aside unless the opener only reads; returns the line."""
+    if read_only:
+        line = f"{what} {path} is {problem.kind} ({problem.detail}); ignoring it (read-only)"
+    else:
+        aside = set_aside(path, problem.kind)
+        where = f"moved it aside to {aside.name}" if aside else "another process moved it aside"
+        line = f"{what} {path} is {problem.kind} ({problem.detail}); {where} and starting empty"
+    warn(line)
+    return line
 
 
 # ---------------------------------------------------------------- lookup history files

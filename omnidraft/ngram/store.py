@@ -56,7 +56,7 @@ from omnidraft.ngram.files import (
     inspect_store,
     is_busy,
     is_omnidraft_store,
-    set_aside,
+    report_problem,
     store_files,
 )
 from omnidraft.ngram.trie import NgramTrie, TrieNode
@@ -179,13 +179,7 @@ class PersistentNgramCache(NgramTrie):
 
     def _report(self, problem: StoreProblem) -> None:
         """One line on stderr; the file is moved aside (writable) or ignored (frozen)."""
-        if self.frozen:
-            self.problem = f"n-gram cache {self.path} is {problem.kind} ({problem.detail}); ignoring it (read-only)"
-        else:
-            aside = set_aside(self.path, problem.kind)
-            where = f"moved it aside to {aside.name}" if aside else "another process moved it aside"
-            self.problem = f"n-gram cache {self.path} is {problem.kind} ({problem.detail}); {where} and starting empty"
-        warn(self.problem)
+        self.problem = report_problem("n-gram cache", self.path, problem, self.frozen)
 
     def _load(self, db: SqliteDict) -> None:
         """Fill the trie from the store, oldest first; skip malformed rows; apply the cap."""

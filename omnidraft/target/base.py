@@ -115,10 +115,10 @@ class LocalVerifier:
 def decide(logits: torch.Tensor, proposal: Any, config: Any, generator: torch.Generator) -> tuple[int, int]:
     """(accepted, next token) from the target's rows: a plain step without a proposal, else the rule."""
     from omnidraft.verify import get_rule
-    from omnidraft.verify.sampling import probs_from_logits
+    from omnidraft.verify.sampling import draw, probs_from_logits
 
     if proposal is None:
         if config.temperature <= 0:
             return 0, int(logits[0].numpy().argmax())
-        return 0, int(torch.multinomial(probs_from_logits(logits[0], config.temperature, config.top_p), 1, generator=generator))
+        return 0, draw(probs_from_logits(logits[0], config.temperature, config.top_p), generator)
     return get_rule(config.verify).verify(logits, proposal, config, generator)

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from omnidraft.verify.sampling import probs_from_logits
+from omnidraft.verify.sampling import draw, probs_from_logits
 
 
 def sample_verify(
@@ -37,14 +37,14 @@ def sample_verify(
         residual = (target_probs[i] - q).clamp_min(0.0)
         total = float(residual.sum())
         dist = residual / total if total > 0 else target_probs[i]
-        return i, int(torch.multinomial(dist, 1, generator=generator))
+        return i, draw(dist, generator)
     last = len(proposed)
     dist = target_probs[last]
     if last_draft is not None:
         residual = (dist - last_draft).clamp_min(0.0)
         if float(residual.sum()) > 0:
             dist = residual / residual.sum()
-    return last, int(torch.multinomial(dist, 1, generator=generator))
+    return last, draw(dist, generator)
 
 
 class RejectionSampling:
@@ -75,8 +75,8 @@ def deterministic_verify(target_probs: torch.Tensor, proposed: Sequence[int], ge
         residual[tok] = 0.0
         total = float(residual.sum())
         dist = residual / total if total > 0 else target_probs[i]  # all of p on t (float rounding): t itself
-        return i, int(torch.multinomial(dist, 1, generator=generator))
-    return len(proposed), int(torch.multinomial(target_probs[len(proposed)], 1, generator=generator))
+        return i, draw(dist, generator)
+    return len(proposed), draw(target_probs[len(proposed)], generator)
 
 
 class DeterministicDraftSampling:
@@ -110,11 +110,11 @@ class StringRejectionSampling:
         t = proposal.proposed[0]
         psi_t, _ = translator.psi(draft, t)
         if psi_t <= 0 or torch.rand((), generator=generator).item() * psi_t <= float(p[0, t]):
-            return 1, int(torch.multinomial(p[1], 1, generator=generator))
+            return 1, draw(p[1], generator)
         for _ in range(RESIDUAL_TRIES):
-            c = int(torch.multinomial(p[0], 1, generator=generator))
+            c = draw(p[0], generator)
             p_c = float(p[0, c])
             psi_c = psi_t if c == t else translator.psi(draft, c)[0]
             if torch.rand((), generator=generator).item() * p_c < p_c - min(p_c, psi_c):
                 return 0, c
-        return 0, int(torch.multinomial(p[0], 1, generator=generator))
+        return 0, draw(p[0], generator)

@@ -50,6 +50,7 @@ class VocabBridge:
         self.dm_mask = self.d2t >= 0
         # Additive logit bias: 0 on translatable drafter tokens, -inf elsewhere (TLI restriction).
         self.dm_bias = torch.where(self.dm_mask, 0.0, float("-inf"))
+        self._spellings: dict[int, list[int]] = {}
 
     # ---- direct mapping -------------------------------------------------------------------------
     @staticmethod
@@ -190,6 +191,16 @@ class VocabBridge:
 
     def drafter_bytes(self, drafter_id: int) -> bytes | None:
         return self.d.token_bytes[drafter_id]
+
+    def spelling(self, target_id: int) -> list[int]:
+        """The drafter tokens that carry one target token into the drafter's context: its direct
+        partner, else its bytes re-tokenized (memoised; the samplers that draft in target ids feed it)."""
+        found = self._spellings.get(target_id)
+        if found is None:
+            mapped = int(self.t2d[target_id]) if target_id < len(self.t2d) else -1
+            data = self.target_bytes(target_id)
+            found = self._spellings[target_id] = [mapped] if mapped >= 0 else (self.drafter_encode(data) if data else [])
+        return found
 
     def target_to_drafter(self, target_ids: Sequence[int]) -> list[int]:
         """Translate a whole target token sequence (a prompt) into drafter tokens, text-exactly.

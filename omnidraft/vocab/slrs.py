@@ -42,7 +42,7 @@ from omnidraft.drafter.base import Draft
 from omnidraft.drafter.policy import Sampler
 from omnidraft.errors import OmnidraftError
 from omnidraft.ngram.trie import NgramCache
-from omnidraft.verify.sampling import probs_from_logits
+from omnidraft.verify.sampling import draw, probs_from_logits
 from omnidraft.vocab.bridge import Translation, VocabBridge
 from omnidraft.vocab.reverse import DrafterContext
 
@@ -137,11 +137,11 @@ class StringSampler(Sampler):
 
     def choose(self, masked: torch.Tensor) -> tuple[int, torch.Tensor]:
         q = probs_from_logits(masked, self.temperature, self.top_p)
-        d = int(torch.multinomial(q, 1, generator=self.generator))
+        d = draw(q, self.generator)
         return int(self.translator.index.first[d]), psi_row(self.translator.index, q, self.translator.target_vocab_size)
 
     def feed(self, token: int) -> list[int]:
-        return self.translator.spelling(token)
+        return self.translator.bridge.spelling(token)
 
 
 # ---------------------------------------------------------------- longer lookahead: the tree
@@ -296,7 +296,6 @@ class StringTranslator:
         self.bridge, self.learn, self.lookahead, self.drafter = bridge, learn, lookahead, drafter
         self.target_vocab_size = target_vocab_size
         self.index = index_for(bridge)
-        self._spellings: dict[int, list[int]] = {}
         self._bias: torch.Tensor | None = None
         self._base: Sampler | None = None
 
@@ -321,15 +320,6 @@ class StringTranslator:
             bias[: len(ok)] = torch.where(ok, 0.0, float("-inf"))
             self._bias = bias
         return _FixedBias(self._bias)
-
-    def spelling(self, target_id: int) -> list[int]:
-        found = self._spellings.get(target_id)
-        if found is None:
-            mapped = int(self.bridge.t2d[target_id]) if target_id < len(self.bridge.t2d) else -1
-            data = self.bridge.target_bytes(target_id)
-            found = [mapped] if mapped >= 0 else (self.bridge.drafter_encode(data) if data else [])
-            self._spellings[target_id] = found
-        return found
 
     def forward(self, context: Sequence[int], draft: Draft) -> Translation:
         if self.whole_rows:

@@ -29,7 +29,7 @@ import torch
 from omnidraft.drafter.base import Draft
 from omnidraft.drafter.policy import Sampler
 from omnidraft.ngram.trie import NgramCache, TrieNode
-from omnidraft.verify.sampling import probs_from_logits
+from omnidraft.verify.sampling import draw, probs_from_logits
 from omnidraft.vocab.bridge import Translation, VocabBridge
 from omnidraft.vocab.reverse import DrafterContext, drafted_inside
 
@@ -270,10 +270,10 @@ class RedistributingSampler(Sampler):
     def choose(self, masked: torch.Tensor) -> tuple[int, torch.Tensor]:
         q = probs_from_logits(masked, self.temperature, self.top_p)
         p_prime = self.translator.kernel.redistribute(self.translator.dm_target_probs(q))
-        return int(torch.multinomial(p_prime, 1, generator=self.generator)), p_prime
+        return draw(p_prime, self.generator), p_prime
 
     def feed(self, token: int) -> list[int]:
-        return self.translator.spelling(token)
+        return self.translator.bridge.spelling(token)
 
 
 class RedistributingTranslator(TokenTranslator):
@@ -285,20 +285,9 @@ class RedistributingTranslator(TokenTranslator):
 
         super().__init__(bridge, target_vocab_size, None, learn)
         self.kernel = kernel_for(bridge, DEFAULT_TAU if tau is None else tau)
-        self._spellings: dict[int, list[int]] = {}
 
     def sampler(self, base: Sampler) -> Sampler:
         return RedistributingSampler(base, self)
-
-    def spelling(self, target_id: int) -> list[int]:
-        """The drafter tokens that carry a target token into the drafter's context."""
-        found = self._spellings.get(target_id)
-        if found is None:
-            mapped = int(self.bridge.t2d[target_id]) if target_id < len(self.bridge.t2d) else -1
-            data = self.bridge.target_bytes(target_id)
-            found = [mapped] if mapped >= 0 else (self.bridge.drafter_encode(data) if data else [])
-            self._spellings[target_id] = found
-        return found
 
     def forward(self, context: Sequence[int], draft: Draft) -> Translation:
         k = len(draft.tokens)
