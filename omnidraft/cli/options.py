@@ -138,7 +138,7 @@ _DECODE_FLAGS: dict[str, tuple[Callable[[str], Any] | None, str]] = {
     "max_new_tokens": (COUNT, "most new tokens"),
     "temperature": (number(0), "sampling temperature (0: greedy)"),
     "top_p": (number(0, 1, low_open=True), "nucleus sampling mass, applied to target and drafter alike"),
-    "verify": (None, "verification rule; default greedy at temperature 0, else the exact sampling rule"),
+    "verify": (None, "verification rule; default greedy at temperature 0, else text-sample (the fastest exact rule)"),
     "draft_len": (COUNT, "most drafter tokens per step (k)"),
     "draft_stop": (None, "when a draft ends: head (the adapter's acceptance head), confidence, fixed (always k); "
                          "auto: the cost-aware policy (drafts only while one more token is expected to raise "

@@ -23,6 +23,7 @@ first, at most every 256), so a pair where drafting never pays costs almost noth
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Sequence
 from types import SimpleNamespace
@@ -116,10 +117,13 @@ class DraftBudget:
         d_ctx = list(drafter_ids[:MEASURE_CONTEXT]) or [0]
         drafter.lm.logits_for(d_ctx)
         token = d_ctx[-1]
-        t0 = time.perf_counter()
-        for _ in range(4):
+        times = []
+        for i in range(8):  # the first steps after a pause run cold: they are not what drafting costs
+            t0 = time.perf_counter()
             drafter.lm.step(token)
-        self.draft = DraftCost((time.perf_counter() - t0) / 4, alpha=0.1)
+            if i >= 2:
+                times.append(time.perf_counter() - t0)
+        self.draft = DraftCost(statistics.median(times), alpha=0.1)
         drafter.lm.logits_for(d_ctx)  # leave the drafter's cache on real text
 
     # ---- kept across processes (what a later run starts from; the loop keeps updating it)
