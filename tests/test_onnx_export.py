@@ -84,6 +84,28 @@ def test_fp32_graph_matches_torch_with_no_adapter_then_two_adapters_in_one_sessi
 
 
 @pytest.mark.real
+def test_the_int8_graph_takes_adapters_too(drafter, exports):
+    """Quantization leaves the LoRA MatMuls in float and their inputs in the graph (the quantizer
+    would otherwise bake the empty default in): an adapter moves the int8 drafter as it moves fp32."""
+    import onnx
+
+    model, tok = drafter
+    graph = onnx.load(str(exports["int8"] / "model.onnx"), load_external_data=False)
+    lora_inputs = {v.name for v in graph.graph.input if ".lora_" in v.name}
+    assert len(lora_inputs) == 2 * len(json.loads((exports["int8"] / "manifest.json").read_text())["lora"])
+    ids = tok.encode(TEXT)[:30]
+    peft, state = _peft(model, 3)
+    int8, fp32 = OnnxDraftLM(exports["int8"]), OnnxDraftLM(exports["fp32"])
+    base = int8.logits_for(ids).numpy()
+    for lm in (int8, fp32):
+        lm.apply_adapter(state, 2.0)
+    adapted, reference = int8.logits_for(ids).numpy(), fp32.logits_for(ids).numpy()
+    moved = np.abs(adapted - base).max()
+    assert moved > 0.05 and np.abs(adapted - reference).max() < moved  # it moved, and towards fp32 + adapter
+    assert int(adapted.argmax()) == int(reference.argmax())
+
+
+@pytest.mark.real
 def test_a_rewind_is_a_shorter_past(exports, drafter):
     _, tok = drafter
     ids = tok.encode(TEXT)[:30]

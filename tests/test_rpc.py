@@ -140,10 +140,16 @@ def test_malformed_and_hostile_requests_leave_the_server_up(server, local_target
     codes: dict[str, int] = {}
     start = time.monotonic()
     for i in range(FUZZ_REQUESTS):
-        kind = i % 6
+        kind = i % 8
         try:
             if kind == 0:
                 raw(rng.randbytes(rng.randrange(1, 400)), timeout=10, metadata=md)
+            elif kind == 6:  # a wrong or missing token
+                bad = rng.choice([(), (("authorization", "Bearer nope"),), (("authorization", f"Bearer {TOKEN}x"),)])
+                stub.Verify(pb.VerifyRequest(session_id=f"s{i}", append=[100, 101], rule="greedy"), timeout=10, metadata=bad)
+            elif kind == 7:  # a well-formed step of a new session, between the hostile ones
+                stub.Verify(pb.VerifyRequest(session_id=f"ok{i}", append=[rng.randrange(vocab) for _ in range(4)],
+                                             proposed=[rng.randrange(vocab)], rule="greedy"), timeout=10, metadata=md)
             else:
                 req = pb.VerifyRequest(session_id=rng.choice(["", "x" * 500, f"s{i}"]), prefix_len=rng.choice([0, 0, 5, -3, 10**12]),
                                        append=[rng.choice([1, -1, vocab, 2**31 - 1, 100]) for _ in range(rng.randrange(0, 5))],
@@ -158,7 +164,12 @@ def test_malformed_and_hostile_requests_leave_the_server_up(server, local_target
             codes[exc.code().name] = codes.get(exc.code().name, 0) + 1
     print(f"fuzz: {FUZZ_REQUESTS} requests in {time.monotonic() - start:.1f}s -> {codes}")
     assert "UNKNOWN" not in codes and "INTERNAL" not in codes and set(codes) <= {
-        "OK", "INVALID_ARGUMENT", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION"}
+        "OK", "INVALID_ARGUMENT", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "UNAUTHENTICATED"}
+    assert codes.get("OK", 0) >= FUZZ_REQUESTS // 8 and codes.get("UNAUTHENTICATED", 0) >= FUZZ_REQUESTS // 8
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5, metadata=md)
+    assert health.status == health_pb2.HealthCheckResponse.SERVING
     client = remote(server, tmp_path)  # and it still serves correct output
     ids = encode_prompt(local_target.tokenizer, "print('hello')")
     assert SpeculativeDecoder(client).generate(ids, DecodeConfig(max_new_tokens=8)).token_ids == \

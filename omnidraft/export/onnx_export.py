@@ -129,8 +129,8 @@ def _quantize_int8(model_path: Path, folder: Path) -> None:
     """8-bit weights for the base MatMuls (onnxruntime's MatMulNBits, blocks of 32, int8 compute).
 
     Measured against dynamic int8 (per-tensor and per-channel) and 4-bit blocks on this CPU
-    (docs/onnx.md): the fastest at the best agreement with the float drafter. The LoRA MatMuls take
-    graph inputs, not constant weights, so they stay in float.
+    (docs/onnx.md): the fastest at the best agreement with the float drafter. The LoRA MatMuls are
+    excluded by name and stay in float, so the quantized graph still takes adapters as inputs.
     """
     import onnx
     from onnxruntime.quantization.matmul_nbits_quantizer import (
@@ -139,14 +139,22 @@ def _quantize_int8(model_path: Path, folder: Path) -> None:
     )
 
     graph = onnx.load(str(model_path))
+    lora_inputs = [value for value in graph.graph.input if ".lora_" in value.name]
+    # The LoRA MatMuls read graph inputs whose defaults are (rank-0) initializers: left to itself the
+    # quantizer takes those for constant weights and bakes the empty adapter in, and the inputs vanish.
+    lora_nodes = [node.name for node in graph.graph.node if any(".lora_" in name for name in node.input)]
     config = DefaultWeightOnlyQuantConfig(block_size=32, is_symmetric=True, accuracy_level=4, bits=8)
-    quantizer = MatMulNBitsQuantizer(graph, algo_config=config)
+    quantizer = MatMulNBitsQuantizer(graph, nodes_to_exclude=lora_nodes, algo_config=config)
     quiet = logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer")
     level, quiet.level = quiet.level, logging.WARNING  # it logs every node it visits at INFO
     try:
         quantizer.process()
     finally:
         quiet.setLevel(level)
+    kept = {value.name for value in quantizer.model.model.graph.input}
+    lost = [value.name for value in lora_inputs if value.name not in kept]
+    if lost:
+        raise RuntimeError(f"int8 quantization removed {len(lost)} LoRA inputs (e.g. {lost[0]}); the export would take no adapter")
     for leftover in (model_path, Path(f"{model_path}.data")):
         leftover.unlink(missing_ok=True)
     quantizer.model.save_model_to_file(str(model_path), use_external_data_format=True)
