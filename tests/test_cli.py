@@ -113,3 +113,22 @@ def test_second_run_starts_with_the_ngrams_the_first_learned(tmp_path):
     second = omnidraft(*args)
     s2 = json.loads(second.stdout)["stats"]
     assert s2["ngram_cache_entries_at_start"] == s1["ngram_cache_entries_at_end"]
+
+
+@pytest.mark.real
+def test_slrs_with_a_lookahead_whose_tree_blows_up_is_one_line():
+    """SmolLM2 -> Qwen2.5: at lookahead 3 some target token needs over 64 drafter forwards per ψ."""
+    proc = omnidraft("generate", "--engine", "torch", "--prompt", "def f(", "--temperature", "0.7", "--verify", "slrs",
+                     "--slrs-lookahead", "3", "--max-new-tokens", "4")
+    assert_one_line_error(proc, "lookahead 3", "drafter forwards")
+
+
+@pytest.mark.real
+def test_experiment_sampling_reports_every_rule_and_the_slrs_cost(tmp_path):
+    proc = omnidraft("experiment", "sampling", "--engine", "torch", "--prompts", "humaneval", "--n", "1",
+                     "--positions", "6", "--taus", "0.25,1", "--out", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    text = (tmp_path / "sampling.md").read_text()
+    for row in ("| tli |", "| slrs (lookahead 1) |", "| rdk τ=0.25 |", "| rdk τ=1 |", "| rdk eq. (3) |", "| text-sample (q = δ) |"):
+        assert row in text
+    assert "over 6 positions" in text and "| 4 |" in text  # the SLRS cost table reaches lookahead 4
