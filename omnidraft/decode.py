@@ -68,6 +68,7 @@ class DecodeStats:
     draft_s: float = 0.0
     bridge_s: float = 0.0
     verify_s: float = 0.0
+    measure_s: float = 0.0  # the cost policy's one-time measurement of this machine, not in wall_s
     step_rates: list[float] = field(default_factory=list, repr=False)
 
     @property
@@ -197,6 +198,18 @@ class SpeculativeDecoder:
             raise OmnidraftError(f"the prompt ({prompt_len} tokens) plus up to {max_new_tokens} new tokens exceed the "
                                  f"target's context of {limit} tokens; shorten the prompt or lower --max-new-tokens")
 
+    def _measure_costs(self, ids: list[int]) -> float:
+        """Time the verify per draft length and the drafter per token on this prompt, once per home
+        (the budget is saved with the home). Returns the seconds it took, which the request's tok/s
+        leaves out; the engines are reset after it, so the request still reads its whole prompt."""
+        t0 = time.perf_counter()
+        drafter_ids = DrafterContext(self.bridge, ids).ids if self.drafter is not None else []
+        self.budget.measure(self.verifier, self.drafter, ids, drafter_ids)
+        self.verifier.reset()
+        if self.drafter is not None:
+            self.drafter.reset()
+        return time.perf_counter() - t0
+
     def stream_ids(self, prompt_ids: Sequence[int], config: DecodeConfig) -> Iterator[list[int]]:
         """Yield the target token ids emitted by each step; ``self.stats`` fills in as it runs."""
         config.validate()
@@ -209,16 +222,16 @@ class SpeculativeDecoder:
         self.stats = DecodeStats()
         if self.ngrams is not None:
             self.stats.ngram_cache_entries_at_start = len(self.ngrams)
-        start = time.perf_counter()
         ids = list(prompt_ids)
-        ctx = DrafterContext(self.bridge, ids) if plan is not None else None
-        stale = False
         lookup = self._lookup_on(config)
-        if lookup:  # indexed once per request (the prompt), then extended by each step's tokens
-            self.lookup.sync(ids)
         cost_aware = config.draft_stop == "auto" and (plan is not None or lookup)
         if cost_aware and not self.budget.measured:
-            self.budget.measure(self.verifier, self.drafter, ids, ctx.ids if ctx is not None else [])
+            self.stats.measure_s = self._measure_costs(ids)
+        start = time.perf_counter()
+        ctx = DrafterContext(self.bridge, ids) if plan is not None else None
+        stale = False
+        if lookup:  # indexed once per request (the prompt), then extended by each step's tokens
+            self.lookup.sync(ids)
         observers = list(self.observers)
         for obs in observers:
             obs.on_start(ids)

@@ -108,8 +108,14 @@ def format_status(stats: Any, *, speculative: bool, interrupted: bool = False, d
     text = (f"[{plural(stats.new_tokens, 'token')} · {stats.tokens_per_s:.1f} tok/s · accept {accept} · "
             f"{stats.tokens_per_target_forward:.1f} tok/target fwd · "
             f"n-gram hits {stats.ngram_hits_accepted}/{stats.ngram_hits_proposed}{_lookup(stats)}"
-            f"{' · interrupted' if interrupted else ''}]")
+            f"{_measured(stats)}{' · interrupted' if interrupted else ''}]")
     return f"{DIM}{text}{RESET}" if dim else text
+
+
+def _measured(stats: Any) -> str:
+    """The cost policy's one-time measurement of this machine, when this reply paid for it."""
+    seconds = getattr(stats, "measure_s", 0.0)
+    return f" · measured this machine's costs once ({seconds:.1f} s, not in tok/s)" if seconds else ""
 
 
 def session_line(turns: int, totals: Any) -> str:

@@ -68,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(piece)
         sys.stdout.flush()
     s = decoder.stats
+    measured = f", measured this machine's costs once ({s.measure_s:.1f} s, not in tok/s)" if s.measure_s else ""
     print(f"\n[{s.new_tokens} tokens, {s.tokens_per_s:.1f} tok/s, accept {s.acceptance_rate:.2f}, "
-          f"{s.tokens_per_target_forward:.2f} tok/target forward]", file=sys.stderr)
+          f"{s.tokens_per_target_forward:.2f} tok/target forward{measured}]", file=sys.stderr)
     return 0
