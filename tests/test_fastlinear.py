@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tiny import tiny_pair
 
 from omnidraft import fastlinear
 from omnidraft.config import DecodeConfig
@@ -73,3 +74,17 @@ def test_translate_option_is_validated():
         DecodeConfig(verify="tli", temperature=0.5, translate="text").validate()
     with pytest.raises(OmnidraftError):
         DecodeConfig(translate="bytes").validate()
+
+
+def test_a_warm_up_chooses_the_kernels_of_every_verify_length_and_leaves_the_cache_empty():
+    """A server times its kernels before clients share its cores; afterwards decoding is unchanged."""
+    _, target, _ = tiny_pair()
+    prompt = target.tokenizer.encode("the cat sat on")
+    before = target.score(prompt, 0)
+    target.reset()
+    fastlinear._CHOICE.clear()
+    target.warm_up(5)
+    rows_chosen = {key[2] for key in fastlinear._CHOICE}
+    assert set(range(1, 7)) <= rows_chosen  # 0..5 proposals: 1..6 rows, plus the 4-token prefix
+    assert target.lm.cached_ids == []
+    torch.testing.assert_close(target.score(prompt, 0), before, rtol=1e-5, atol=1e-5)

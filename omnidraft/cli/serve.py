@@ -9,6 +9,7 @@ from pathlib import Path
 
 from omnidraft.cli.options import COUNT, integer, text
 from omnidraft.config import ENGINES
+from omnidraft.console import notice
 from omnidraft.errors import OmnidraftError
 
 
@@ -44,6 +45,7 @@ def _tls(args: argparse.Namespace) -> tuple[bytes, bytes] | None:
 
 def run(args: argparse.Namespace) -> int:
     from omnidraft import models
+    from omnidraft.decode import LOOKUP_MAX
     from omnidraft.rpc import read_token
     from omnidraft.rpc.server import log_start, serve
     from omnidraft.runtime import load_target
@@ -53,6 +55,9 @@ def run(args: argparse.Namespace) -> int:
     token, tls = read_token(args.token_file), _tls(args)
     models.check_spec(args.target)
     target, _, engine = load_target(args.target, args.engine, dtype=args.dtype)
+    if hasattr(target, "warm_up"):  # torch: its kernels are chosen by timing, before any client shares the cores
+        notice(f"timing the verify kernels once (draft lengths 0-{min(args.max_draft, LOOKUP_MAX)}) …")
+        target.warm_up(min(args.max_draft, LOOKUP_MAX))
     builtin = models.builtin(args.target)
     served = serve(target, args.target, engine, host=args.host, port=args.port, token=token, tls=tls,
                    insecure=args.insecure, max_sessions=args.max_sessions, max_context=args.max_context,

@@ -30,3 +30,7 @@ class TorchTarget:
 
     def reset(self) -> None:
         self.lm.reset()
+
+    def warm_up(self, max_proposals: int) -> None:
+        """Run a verify of every draft length up to ``max_proposals`` once (see ``CachedLM.warm_up``)."""
+        self.lm.warm_up(max_proposals + 1)
