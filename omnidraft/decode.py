@@ -170,7 +170,6 @@ class SpeculativeDecoder:
         self.use_lookup = drafter is not None if lookup is None else lookup
         self.lookup = LookupIndex()
         self.history = history
-        self._lookup_source = ""  # where the current lookup draft came from (see _lookup_draft)
 
     # ---- public API ----------------------------------------------------------------------------
     def generate(self, prompt_ids: Sequence[int], config: DecodeConfig) -> DecodeResult:
@@ -239,10 +238,10 @@ class SpeculativeDecoder:
             while self.stats.new_tokens < config.max_new_tokens:
                 for obs in observers:
                     obs.before_step()
-                copied = self._lookup_draft(ids, config, cost_aware) if lookup else []
+                copied, source = self._lookup_draft(ids, config, cost_aware) if lookup else ([], "")
                 budget = self._draft_budget(plan, config) if not copied else 0
                 if copied:  # a prompt-lookup draft: target ids, nothing to translate
-                    emitted, done, logits = self._lookup_step(ids, copied, config, cost_aware, rows)
+                    emitted, done, logits = self._lookup_step(ids, copied, source, config, cost_aware, rows)
                     if plan is not None and not stale and not done:  # the drafter's context follows the text
                         plan.translator.reverse(ctx, Draft([], None), Translation(), emitted, 0)
                 elif budget == 0:  # no drafter, one token left, or drafting would not pay: a plain step
@@ -279,24 +278,26 @@ class SpeculativeDecoder:
         return (self.use_lookup and config.lookup and config.verify in LOOKUP_RULES
                 and (rules is None or config.verify in rules))
 
-    def _lookup_draft(self, ids: list[int], config: DecodeConfig, cost_aware: bool) -> list[int]:
-        """The continuation of the longest earlier match of the text's end, as long as it pays."""
+    def _lookup_draft(self, ids: list[int], config: DecodeConfig, cost_aware: bool) -> tuple[list[int], str]:
+        """The continuation of the longest earlier match of the text's end, as long as it pays, and
+        its source ("context-4", "history-3", …): acceptance is counted per source and match length,
+        since a 4-token match in the context is far likelier to continue as before than a 2-token one."""
         remaining = config.max_new_tokens - self.stats.new_tokens
         if remaining <= 1:
-            return []
+            return [], ""
         k_max = min(LOOKUP_MAX, remaining - 1)
         copied, matched = self.lookup.propose(k_max)
         from_history = not copied and self.history is not None
         if from_history:
             copied, matched = self.history.propose_match(ids, k_max)
-        # Acceptance is counted per source and match length: a 4-token match in the context is far
-        # likelier to continue as before than a 2-token one.
-        self._lookup_source = f"{'history' if from_history else 'context'}-{matched}"
-        if copied and cost_aware:  # verification decides what is kept
-            copied = copied[: self.budget.plan_lookup(len(copied), self._lookup_source)]
+        if not copied:
+            return [], ""
+        source = f"{'history' if from_history else 'context'}-{matched}"
+        if cost_aware:  # verification decides what is kept
+            copied = copied[: self.budget.plan_lookup(len(copied), source)]
         if copied and from_history:
             self.stats.history_steps += 1  # a non-empty draft is always verified by _lookup_step
-        return copied
+        return copied, source
 
     def _remember(self, prompt_len: int, ids: list[int]) -> None:
         """Add the output (after the prompt's last ids, so its first tokens can be found from
@@ -307,7 +308,7 @@ class SpeculativeDecoder:
         except Exception as exc:  # noqa: BLE001 - the history only accelerates; the output is already out
             warn(f"the lookup history was not updated: {exc}")
 
-    def _lookup_step(self, ids: list[int], copied: list[int], config: DecodeConfig, cost_aware: bool,
+    def _lookup_step(self, ids: list[int], copied: list[int], source: str, config: DecodeConfig, cost_aware: bool,
                      rows: RowRequest | None):
         remaining = config.max_new_tokens - self.stats.new_tokens
         t0 = time.perf_counter()
@@ -318,7 +319,7 @@ class SpeculativeDecoder:
         emitted, done = self._finish(copied[:n] + [verdict.next_token], remaining)
         s = self.stats
         if cost_aware:
-            self.budget.observe_lookup(self._lookup_source, len(copied), n, seconds if s.steps > 0 else None)
+            self.budget.observe_lookup(source, len(copied), n, seconds if s.steps > 0 else None)
         s.verify_s += seconds
         s.steps += 1
         s.target_forwards += 1
