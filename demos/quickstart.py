@@ -71,9 +71,9 @@ def run_case(target_spec: str, engine: str, prompts: list[tuple[str, bool]], con
               f"drafted in {s.steps - s.plain_steps - s.lookup_steps} of {s.steps} steps, "
               f"prompt lookup in {s.lookup_steps}{_earlier(s.history_steps)} | "
               f"{s.tokens_per_target_forward:.2f} tokens per target forward]")
-    budget = pipe.decoder.budget
-    print(f"policy: target verify ms by proposals {budget.cost_table_ms()}, drafter "
-          f"{budget.draft.seconds_per_token * 1000:.1f} ms/token")
+    policy = pipe.decoder.cost_policy
+    print(f"policy: target verify ms by proposals {policy.cost_table_ms()}, drafter "
+          f"{policy.draft.seconds_per_token * 1000:.1f} ms/token")
     return identical
 
 

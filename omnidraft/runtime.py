@@ -9,7 +9,6 @@ trained) into the drafter. It imports nothing from ``omnidraft.train``: decoding
 from __future__ import annotations
 
 import importlib.util
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,16 +25,14 @@ from omnidraft.config import (
     INT8_NO_ADAPTER,
 )
 from omnidraft.console import notice, warn
-from omnidraft.decode import DecodeObserver, SpeculativeDecoder
+from omnidraft.decode import SpeculativeDecoder
 from omnidraft.drafter import Drafter
-from omnidraft.drafter.budget import DraftBudget
-from omnidraft.drafter.history import LookupHistory, open_history
 from omnidraft.drafter.torch_lm import TorchDraftLM, convert_drafter
 from omnidraft.errors import OmnidraftError
-from omnidraft.fsutil import atomic_write_json
 from omnidraft.home import home_dir
 from omnidraft.kv import output_vocab_size
 from omnidraft.ngram.trie import NgramCache, NgramTrie
+from omnidraft.sources.history import LookupHistory, open_history
 from omnidraft.target import Target, TorchTarget
 from omnidraft.vocab.bridge import VocabBridge
 from omnidraft.vocab.identity import pair_slug, vocab_fingerprint
@@ -201,31 +198,9 @@ def load_pipeline(target_spec: str, drafter_spec: str | None, *, home=None, dtyp
     decoder = SpeculativeDecoder(target, drafter, bridge, ngrams, history=history)
     slot = AdapterSlot(drafter, identity, adapters.pair_dir(drafter_spec, target_spec, home))
     decoder.observers.append(slot)
-    decoder.observers.append(BudgetKeeper(decoder.budget, budget_path(drafter_spec, target_spec, engine, backend, home)))
+    decoder.cost_policy.keep_at(policy_path(drafter_spec, target_spec, engine, backend, home))
     use_adapter(slot, adapter, quiet)
     return Pipeline(decoder, target_spec, drafter_spec, target_model, drafter_model, slot, engine)
-
-
-class BudgetKeeper(DecodeObserver):
-    """Keeps a pair's :class:`DraftBudget` in a small JSON file under the home, so a later process
-    starts from what this one measured and learned (no start-up measurement, no cold statistics).
-    A missing or malformed file just means measuring again."""
-
-    def __init__(self, budget: DraftBudget, path: Path) -> None:
-        self.budget, self.path = budget, path
-        try:
-            budget.restore(json.loads(path.read_text(encoding="utf-8")))
-        except (OSError, ValueError):
-            pass
-
-    def on_finish(self) -> None:
-        if not self.budget.measured:
-            return
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write_json(self.path, self.budget.state(), indent=None)
-        except (OSError, OmnidraftError) as exc:  # a read-only home: measure again next time
-            warn(f"could not keep the draft policy's measurements in {self.path}: {exc}")
 
 
 def onnx_export_for(drafter_spec: str, backend: str, home=None) -> Path | None:
@@ -252,7 +227,7 @@ def onnx_export_for(drafter_spec: str, backend: str, home=None) -> Path | None:
     return None
 
 
-def budget_path(drafter_spec: str, target_spec: str, engine: str, drafter_dtype: str, home=None) -> Path:
+def policy_path(drafter_spec: str, target_spec: str, engine: str, drafter_dtype: str, home=None) -> Path:
     """Where a pair's draft-policy measurements live: they depend on the engine and the drafter's dtype."""
     return models.models_dir(home) / "costs" / f"{pair_slug(drafter_spec, target_spec)}@{engine}-{drafter_dtype}.json"
 

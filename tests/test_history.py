@@ -21,7 +21,7 @@ import torch
 from omnidraft.cli import main
 from omnidraft.config import DecodeConfig
 from omnidraft.decode import SpeculativeDecoder
-from omnidraft.drafter.history import LookupHistory
+from omnidraft.sources.history import LookupHistory
 from omnidraft.ngram.files import history_path, initialize_store
 
 FP = "a" * 64  # vocabulary fingerprints (sha256 hex)
@@ -36,7 +36,7 @@ import omnidraft
 pkg = types.ModuleType("omnidraft.drafter")
 pkg.__path__ = [str(Path(omnidraft.__file__).parent / "drafter")]
 sys.modules["omnidraft.drafter"] = pkg
-from omnidraft.drafter.history import LookupHistory
+from omnidraft.sources.history import LookupHistory
 FP = {FP!r}
 """
 

@@ -80,7 +80,7 @@ def test_the_cost_policy_does_not_draft_at_a_loss_on_llama_cpp(llama_pair):
         assert got == plain  # one-token evals only: exactly the target alone
     else:  # it drafted (prompt lookup, or a fast drafter on this machine): batched verifies, see above
         assert_same_up_to_a_near_tie(target, ids, got, plain, spec)
-    budget = decoder.budget
+    budget = decoder.cost_policy
     assert budget.measured and budget.draft.seconds_per_token > 0 and budget.verify(0) > 0
     if budget.draft.seconds_per_token > budget.verify(0):
         assert decoder.stats.drafted_tokens == 0  # the drafter never ran (free lookup drafts may)

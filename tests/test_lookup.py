@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from omnidraft.drafter.lookup import LookupIndex
+from omnidraft.sources.lookup import LookupIndex
 
 
 def index(ids, **kw) -> LookupIndex:

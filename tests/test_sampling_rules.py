@@ -19,6 +19,7 @@ from omnidraft.config import DecodeConfig
 from omnidraft.decode import SpeculativeDecoder
 from omnidraft.ngram import NgramTrie
 from omnidraft.runtime import make_drafter
+from omnidraft.sources.policy import NoCostPolicy
 from omnidraft.verify.sampling import probs_from_logits
 from omnidraft.vocab.affinity import kernel_for
 from omnidraft.vocab.reverse import DrafterContext
@@ -133,7 +134,7 @@ def test_slrs_psi_is_the_distribution_of_the_drafted_first_token(pair, lookahead
     prompt = pair.target.tokenizer.encode("def add(a")
     cfg = DecodeConfig(max_new_tokens=8, verify="slrs", draft_len=8, temperature=1.3, draft_stop="fixed",
                        slrs_lookahead=lookahead)
-    plan = pair.plan(cfg, torch.Generator().manual_seed(0))
+    plan = pair.source("drafter").plan(cfg, torch.Generator().manual_seed(0), NoCostPolicy())
     ctx = DrafterContext(pair.bridge, prompt)
     draft = pair.drafter.draft(ctx.ids, 8, plan.policy)
     psi = torch.tensor([plan.translator.psi(draft, t)[0] for t in range(pair.target.vocab_size)])

@@ -175,7 +175,7 @@ def scratch_history(tokenizer):
     """An empty lookup history in a temporary folder (removed with the returned holder)."""
     import tempfile
 
-    from omnidraft.drafter.history import open_history
+    from omnidraft.sources.history import open_history
 
     holder = tempfile.TemporaryDirectory(prefix="omnidraft-bench-history-")
     history = open_history(tokenizer, home=holder.name)
@@ -339,14 +339,15 @@ def build_modes(pipe, modes: Sequence[str], base: DecodeConfig, temperature: flo
 
 def policy_report(mode_fns: dict[str, ModeFn]) -> dict[str, dict]:
     """Per mode with the cost-aware draft policy: the verify costs and drafter cost it measured
-    (ms, after the run's online updates) and how often it chose each draft budget (0 = plain step)."""
+    (ms, after the run's online updates) and how often it chose each drafter allowance (0 = plain step;
+    the report's ``budget_choices`` key is kept for existing result files)."""
     out = {}
     for mode, fn in mode_fns.items():
-        budget = getattr(getattr(fn, "decoder", None), "budget", None)
-        if budget is not None and budget.measured:
-            out[mode] = {"verify_ms_by_proposals": budget.cost_table_ms(),
-                         "draft_ms_per_token": round(budget.draft.seconds_per_token * 1000, 2),
-                         "budget_choices": dict(sorted(budget.choices.items()))}
+        policy = getattr(getattr(fn, "decoder", None), "cost_policy", None)
+        if policy is not None and policy.measured:
+            out[mode] = {"verify_ms_by_proposals": policy.cost_table_ms(),
+                         "draft_ms_per_token": round(policy.draft.seconds_per_token * 1000, 2),
+                         "budget_choices": dict(sorted(policy.choices.items()))}
     return out
 
 

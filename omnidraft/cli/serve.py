@@ -45,7 +45,7 @@ def _tls(args: argparse.Namespace) -> tuple[bytes, bytes] | None:
 
 def run(args: argparse.Namespace) -> int:
     from omnidraft import models
-    from omnidraft.decode import LOOKUP_MAX
+    from omnidraft.sources.lookup import LOOKUP_MAX
     from omnidraft.rpc import read_token
     from omnidraft.rpc.server import log_start, serve
     from omnidraft.runtime import load_target

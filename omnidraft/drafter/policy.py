@@ -7,7 +7,7 @@ A :class:`DraftPolicy` bundles three small strategies, each behind its own inter
 - a constraint (the translator's, ``omnidraft.vocab.translate``) says which drafter tokens the
   bridge can carry, as an additive logit bias;
 - a stop rule ends a draft early: when one more token is no longer expected to raise tokens per
-  second (the default, cost-aware: ``budget.py``), never (fixed length), after a token the drafter
+  second (the default, which the cost policy supplies: ``omnidraft/sources/policy.py``), never (fixed length), after a token the drafter
   itself doubts (confidence), or once the acceptance head's P(some drafted token is rejected)
   exceeds γ (OmniDraft §3.3, eq. (5)–(7)).
 
@@ -23,7 +23,6 @@ import torch
 
 from omnidraft.adapter.head import AcceptHead, should_stop
 from omnidraft.config import DRAFT_STOPS
-from omnidraft.drafter.budget import CostAwareStop, DraftBudget
 from omnidraft.errors import OmnidraftError
 from omnidraft.verify.sampling import draw, probs_from_logits
 
@@ -115,14 +114,11 @@ class DraftPolicy:
     stop: StopRule
 
 
-def stop_rule(name: str, head: AcceptHead | None, confidence: float, gamma: float,
-              budget: DraftBudget | None = None, k_max: int = 8) -> StopRule:
-    """The stop rule ``name`` names. ``auto``: the cost-aware policy (``budget.py``), with the
-    acceptance head's estimates when the adapter has a head; ``head``: eq. (7) with γ."""
+def stop_rule(name: str, head: AcceptHead | None, confidence: float, gamma: float) -> StopRule:
+    """The stop rule ``name`` names; ``head``: eq. (7) with γ. ``auto`` is the cost policy's own
+    (``CostPolicy.stop_rule``, with the acceptance head's estimates when the adapter has a head)."""
     if name == "auto":
-        if budget is None:
-            raise ValueError("the cost-aware draft policy needs a DraftBudget")
-        return CostAwareStop(budget, k_max, head)
+        raise ValueError("the cost-aware stop rule comes from the cost policy (CostPolicy.stop_rule)")
     if name == "head" and head is None:
         raise OmnidraftError("--draft-stop head needs an adapter with an acceptance head (train one with "
                              "`omnidraft adapt`), or use --draft-stop auto")

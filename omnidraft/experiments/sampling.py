@@ -34,8 +34,9 @@ def expected_acceptance(pipe, prompts: Sequence[list[int]], temperature: float, 
     target, drafter, bridge = pipe.decoder.target, pipe.decoder.drafter, pipe.decoder.bridge
     kernels = {tau: build_kernel(bridge, tau) for tau in taus}
     index = index_for(bridge)
-    dm = pipe.decoder.translator("tokens", False, False)
-    text_rule = pipe.decoder.translator("text", False, False)
+    drafting = pipe.decoder.source("drafter")
+    dm = drafting.translator("tokens", False, False)
+    text_rule = drafting.translator("text", False, False)
     prior = torch.full((target.vocab_size,), 1.0 / target.vocab_size)  # eq. (3)'s p: flat (no data)
     sums: dict[str, float] = {}
     count = 0

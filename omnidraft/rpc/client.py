@@ -36,6 +36,7 @@ from omnidraft.home import home_dir
 from omnidraft.kv import common_prefix_len
 from omnidraft.rpc.proto import pb, services
 from omnidraft.target.base import RowRequest, SparseRows, Verdict
+from omnidraft.verify import IDS_ONLY_RULES
 
 SCHEMES = ("grpc://", "grpcs://")
 DEFAULT_DEADLINE_S = 30.0
@@ -53,7 +54,7 @@ class _Resend(Exception):
 class RemoteTarget:
     """:class:`~omnidraft.target.base.Verifier` over gRPC (see the module docstring)."""
 
-    rules = ("greedy", "text-sample")
+    rules = IDS_ONLY_RULES  # only ids cross the wire
 
     def __init__(self, url: str, *, token: str | None = None, home=None, deadline_s: float = DEFAULT_DEADLINE_S,
                  rtt_ms: float = 0.0, retries: int = RETRIES) -> None:

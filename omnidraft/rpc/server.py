@@ -40,8 +40,9 @@ from omnidraft.console import notice
 from omnidraft.errors import OmnidraftError
 from omnidraft.rpc.proto import SERVICE_NAME, pb, services
 from omnidraft.target.base import decide, step_generator
+from omnidraft.verify import IDS_ONLY_RULES
+from omnidraft.verify.proposal import Proposal
 
-RULES = ("greedy", "text-sample")  # the rules that need nothing of the drafter but ids
 DEFAULT_PORT = 50551
 DEFAULT_MAX_SESSIONS = 8
 DEFAULT_MAX_DRAFT = 32
@@ -90,7 +91,7 @@ class TargetService(services.TargetServicer):
                             vocab_size=self.base.vocab_size, eos_ids=sorted(self.base.eos_ids),
                             max_context=self.max_context, max_draft=self.max_draft,
                             tokenizer_sha256=self.tokenizer_sha256, tokenizer_bytes=len(self.tokenizer_zip),
-                            rules=list(RULES), max_logprobs=MAX_LOGPROBS)
+                            rules=list(IDS_ONLY_RULES), max_logprobs=MAX_LOGPROBS)
 
     def Tokenizer(self, request, context):
         for start in range(0, len(self.tokenizer_zip), TOKENIZER_CHUNK):
@@ -115,7 +116,7 @@ class TargetService(services.TargetServicer):
             proposed = list(request.proposed)
             with self.compute_lock:
                 logits = session.target.score(context_ids + proposed, len(proposed))
-            proposal = SimpleNamespace(proposed=proposed) if proposed else None
+            proposal = Proposal(proposed) if proposed else None
             accepted, nxt = decide(logits, proposal, config, step_generator(config.seed, len(context_ids)))
             emitted = proposed[:accepted] + [nxt]
             session.ids = context_ids + emitted
@@ -144,8 +145,8 @@ class TargetService(services.TargetServicer):
             raise Refused(bad, f"token ids must be in [0, {vocab})")
         if r.prefix_len + len(r.append) == 0:
             raise Refused(bad, "the context is empty")
-        if (r.rule or "greedy") not in RULES:
-            raise Refused(bad, f"unknown rule {r.rule!r}; this server verifies {', '.join(RULES)}")
+        if (r.rule or "greedy") not in IDS_ONLY_RULES:
+            raise Refused(bad, f"unknown rule {r.rule!r}; this server verifies {', '.join(IDS_ONLY_RULES)}")
         if not math.isfinite(r.temperature) or not 0 <= r.temperature <= 100:
             raise Refused(bad, "temperature must be a finite number in [0, 100]")
         if not math.isfinite(r.top_p) or not 0 <= r.top_p <= 1:

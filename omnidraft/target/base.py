@@ -19,6 +19,10 @@ from typing import Any, Protocol
 
 import torch
 
+from omnidraft.verify import get_rule
+from omnidraft.verify.proposal import Proposal, SamplingConfig
+from omnidraft.verify.sampling import draw, probs_from_logits
+
 
 class Target(Protocol):
     tokenizer: Any  # the target's transformers tokenizer
@@ -80,7 +84,8 @@ class Verifier(Protocol):
     max_context: int
     rules: tuple[str, ...] | None  # the rules it can run (None: every rule)
 
-    def verify(self, ids: Sequence[int], proposal: Any, config: Any, rows: RowRequest | None) -> Verdict: ...
+    def verify(self, ids: Sequence[int], proposal: Proposal | None, config: SamplingConfig,
+               rows: RowRequest | None) -> Verdict: ...
 
     def reset(self) -> None: ...
 
@@ -102,7 +107,8 @@ class LocalVerifier:
     def __getattr__(self, name: str) -> Any:  # tokenizer, vocab_size, eos_ids, max_context
         return getattr(self.target, name)
 
-    def verify(self, ids: Sequence[int], proposal: Any, config: Any, rows: RowRequest | None) -> Verdict:
+    def verify(self, ids: Sequence[int], proposal: Proposal | None, config: SamplingConfig,
+               rows: RowRequest | None) -> Verdict:
         proposed = list(proposal.proposed) if proposal is not None else []
         logits = self.target.score(list(ids) + proposed, len(proposed))
         accepted, nxt = decide(logits, proposal, config, step_generator(config.seed, len(ids)))
@@ -112,11 +118,9 @@ class LocalVerifier:
         self.target.reset()
 
 
-def decide(logits: torch.Tensor, proposal: Any, config: Any, generator: torch.Generator) -> tuple[int, int]:
+def decide(logits: torch.Tensor, proposal: Proposal | None, config: SamplingConfig,
+           generator: torch.Generator) -> tuple[int, int]:
     """(accepted, next token) from the target's rows: a plain step without a proposal, else the rule."""
-    from omnidraft.verify import get_rule
-    from omnidraft.verify.sampling import draw, probs_from_logits
-
     if proposal is None:
         if config.temperature <= 0:
             return 0, int(logits[0].numpy().argmax())

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from omnidraft.verify.proposal import Rule
 
 
 @dataclass(frozen=True)
@@ -24,6 +27,9 @@ class RuleInfo:
     uses_ngrams: bool  # proposals may come through the n-gram cache
     keeps_q: bool  # the drafter must keep its per-token distribution q
     summary: str
+    # It verifies a deterministic draft from its target ids alone (no q, no drafter tokens), so it
+    # also verifies lookup drafts and runs on a remote target, which receives only ids.
+    ids_only: bool = False
 
     @property
     def label(self) -> str:
@@ -34,7 +40,8 @@ RULES: dict[str, RuleInfo] = {
     r.name: r
     for r in (
         RuleInfo("greedy", "omnidraft.verify.greedy:Greedy", sampling=False, exact=True, translations=("text", "tokens"),
-                 uses_ngrams=True, keeps_q=False, summary="accept while the target's argmax agrees: its own greedy output"),
+                 uses_ngrams=True, keeps_q=False, summary="accept while the target's argmax agrees: its own greedy output",
+                 ids_only=True),
         RuleInfo("omnidraft", "omnidraft.verify.rejection:RejectionSampling", sampling=True, exact=False,
                  translations=("tokens",), uses_ngrams=True, keeps_q=True,
                  summary="rejection sampling with q' of eq. (2), n-gram merges included"),
@@ -50,15 +57,17 @@ RULES: dict[str, RuleInfo] = {
                          "probability summed over the drafter's spellings"),
         RuleInfo("text-sample", "omnidraft.verify.rejection:DeterministicDraftSampling", sampling=True, exact=True,
                  translations=("text", "tokens"), uses_ngrams=True, keeps_q=False,
-                 summary="exact sampling of the drafter's greedy text draft (q = δ): any target token, ids only"),
+                 summary="exact sampling of the drafter's greedy text draft (q = δ): any target token, ids only",
+                 ids_only=True),
     )
 }
 VERIFIERS = tuple(RULES)
-# The rule at temperature > 0 unless one is named: the exact rule that measured fastest (docs/sampling.md:
-# 1.07-1.26x the target sampling alone at T = 0.7 and 1.0, where tli, rdk and slrs gave 0.99-1.09x). It
-# needs only token ids from the drafter, so it also runs against a remote target, and it takes lookup drafts.
+IDS_ONLY_RULES = tuple(name for name, r in RULES.items() if r.ids_only)  # lookup drafts, remote targets
+# The rule at temperature > 0 unless one is named: the exact rule that measured fastest (docs/sampling.md
+# has the comparison). It needs only token ids from the drafter, so it also runs against a remote
+# target, and it takes lookup drafts.
 DEFAULT_SAMPLING_RULE = "text-sample"
-_loaded: dict[str, Any] = {}
+_loaded: dict[str, Rule] = {}
 
 
 def rule_info(name: str) -> RuleInfo:
@@ -69,8 +78,8 @@ def rule_info(name: str) -> RuleInfo:
     return RULES[name]
 
 
-def get_rule(name: str) -> Any:
-    """The rule object (has ``verify(logits, proposal, config, generator) -> (accepted, next)``)."""
+def get_rule(name: str) -> Rule:
+    """The rule object (``verify(logits, proposal, config, generator) -> (accepted, next)``)."""
     info = rule_info(name)
     if name not in _loaded:
         module, _, cls = info.impl.partition(":")

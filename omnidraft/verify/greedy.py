@@ -8,6 +8,8 @@ from collections.abc import Sequence
 
 import torch
 
+from omnidraft.verify.proposal import Proposal, SamplingConfig
+
 
 def greedy_verify(target_logits: torch.Tensor, proposed: Sequence[int]) -> tuple[int, int]:
     """(number accepted, next token) for greedy decoding: lossless w.r.t. the target's argmax."""
@@ -19,5 +21,6 @@ def greedy_verify(target_logits: torch.Tensor, proposed: Sequence[int]) -> tuple
 
 
 class Greedy:
-    def verify(self, logits: torch.Tensor, proposal, config, generator: torch.Generator) -> tuple[int, int]:
+    def verify(self, logits: torch.Tensor, proposal: Proposal, config: SamplingConfig,
+               generator: torch.Generator) -> tuple[int, int]:
         return greedy_verify(logits, proposal.proposed)

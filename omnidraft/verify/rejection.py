@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from omnidraft.verify.proposal import Proposal, SamplingConfig, StringDistribution
 from omnidraft.verify.sampling import draw, probs_from_logits
 
 
@@ -50,11 +51,12 @@ def sample_verify(
 class RejectionSampling:
     """q' comes from the translator (eq. (2)); the rule itself is the same for omnidraft and tli."""
 
-    def verify(self, logits: torch.Tensor, proposal, config, generator: torch.Generator) -> tuple[int, int]:
+    def verify(self, logits: torch.Tensor, proposal: Proposal, config: SamplingConfig,
+               generator: torch.Generator) -> tuple[int, int]:
         p = probs_from_logits(logits, config.temperature, config.top_p)
-        translator, draft, tr = proposal.translator, proposal.draft, proposal.translation
-        return sample_verify(p, proposal.proposed, lambda i: translator.draft_target_probs(draft, tr, i), generator,
-                             translator.null_proposal(draft, tr, len(proposal.proposed)))
+        q, draft, tr = proposal.q, proposal.draft, proposal.translation
+        return sample_verify(p, proposal.proposed, lambda i: q.draft_target_probs(draft, tr, i), generator,
+                             q.null_proposal(draft, tr, len(proposal.proposed)))
 
 
 def deterministic_verify(target_probs: torch.Tensor, proposed: Sequence[int], generator: torch.Generator) -> tuple[int, int]:
@@ -82,7 +84,8 @@ def deterministic_verify(target_probs: torch.Tensor, proposed: Sequence[int], ge
 class DeterministicDraftSampling:
     """The ``text-sample`` rule: exact sampling with the drafter's greedy proposals (see above)."""
 
-    def verify(self, logits: torch.Tensor, proposal, config, generator: torch.Generator) -> tuple[int, int]:
+    def verify(self, logits: torch.Tensor, proposal: Proposal, config: SamplingConfig,
+               generator: torch.Generator) -> tuple[int, int]:
         p = probs_from_logits(logits, config.temperature, config.top_p)
         return deterministic_verify(p, proposal.proposed, generator)
 
@@ -102,9 +105,11 @@ class StringRejectionSampling:
     bonus token comes from p at the next position, as in any speculative step.
     """
 
-    def verify(self, logits: torch.Tensor, proposal, config, generator: torch.Generator) -> tuple[int, int]:
+    def verify(self, logits: torch.Tensor, proposal: Proposal, config: SamplingConfig,
+               generator: torch.Generator) -> tuple[int, int]:
         p = probs_from_logits(logits, config.temperature, config.top_p)
-        translator, draft, tr = proposal.translator, proposal.draft, proposal.translation
+        translator: StringDistribution = proposal.q
+        draft, tr = proposal.draft, proposal.translation
         if translator.whole_rows or not proposal.proposed:
             return sample_verify(p, proposal.proposed, lambda i: translator.draft_target_probs(draft, tr, i), generator)
         t = proposal.proposed[0]

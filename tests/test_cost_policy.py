@@ -1,4 +1,4 @@
-"""The cost-aware draft policy on synthetic costs: it never drafts when drafting cannot pay, drafts
+"""The cost policy on synthetic costs: it never drafts when drafting cannot pay, drafts
 when it can, and the output stays the target's either way (tiny random models)."""
 
 from __future__ import annotations
@@ -8,67 +8,96 @@ from tiny import tiny_pair
 from omnidraft.config import DecodeConfig
 from omnidraft.costs import DraftCost, VerifyCosts
 from omnidraft.decode import SpeculativeDecoder
-from omnidraft.drafter.budget import (
+from omnidraft.runtime import make_drafter
+from omnidraft.sources.base import StepResult, StepTimes
+from omnidraft.sources.policy import (
+    DRAFTER,
     EXPLORE_EVERY,
     EXPLORE_MAX,
     CostAwareStop,
-    DraftBudget,
+    CostPolicy,
 )
-from omnidraft.runtime import make_drafter
+from omnidraft.verify.proposal import Proposal
 
 LLAMA_CPP = {0: 0.020, 1: 0.037, 3: 0.051, 7: 0.087}  # Qwen-0.5B on llama.cpp: compute-bound
 
 
-def budget(verify: VerifyCosts, drafter_s: float) -> DraftBudget:
-    b = DraftBudget()
+def measured_policy(verify: VerifyCosts, drafter_s: float) -> CostPolicy:
+    b = CostPolicy()
     b.verify, b.draft = verify, DraftCost(drafter_s)
     return b
 
 
+def plan(b: CostPolicy, k_max: int) -> int:
+    """How many tokens the policy lets the model drafter draft this step."""
+    return b.allow(DRAFTER, False, k_max)
+
+
+def plan_lookup(b: CostPolicy, k_max: int, key: str) -> int:
+    return b.allow(key, True, k_max)
+
+
+def step(key: str, free: bool, drafted: int, proposed: int, kept: int, draft_s: float, verify_s: float) -> StepResult:
+    """A verified step as the decoder hands it to the policy."""
+    return StepResult("context" if free else DRAFTER, key, free, Proposal([0] * proposed), drafted, kept, [], False,
+                      None, StepTimes(draft_s, 0.0, verify_s), kept=kept)
+
+
+def observe_step(b: CostPolicy, drafted: int, draft_s: float, proposed: int, verify_s: float, kept: int,
+                 probs: list[float]) -> None:
+    stop = b.stop_rule(8, None)
+    stop.probs = list(probs)
+    b.learn(step(DRAFTER, False, drafted, proposed, kept, draft_s, verify_s), reads_prompt=False)
+
+
+def observe_lookup(b: CostPolicy, key: str, proposed: int, accepted: int, verify_s: float) -> None:
+    b.learn(step(key, True, proposed, proposed, accepted, 0.0, verify_s), reads_prompt=False)
+
+
 def test_no_draft_when_it_cannot_pay_even_when_the_drafter_is_always_right():
-    b = budget(VerifyCosts(LLAMA_CPP), drafter_s=0.030)  # a 30 ms drafter against a 20 ms step
+    b = measured_policy(VerifyCosts(LLAMA_CPP), drafter_s=0.030)  # a 30 ms drafter against a 20 ms step
     for _ in range(50):
         b.stats.update(8, 8)  # perfect acceptance: still slower than plain decoding
-    assert all(b.plan(8) == 0 for _ in range(3 * EXPLORE_EVERY))  # and no exploration: it cannot pay at all
+    assert all(plan(b, 8) == 0 for _ in range(3 * EXPLORE_EVERY))  # and no exploration: it cannot pay at all
 
 
 def test_drafts_when_verifying_k_tokens_costs_about_one_step():
-    b = budget(VerifyCosts.flat(0.150), drafter_s=0.030)  # memory-bound fp32 target
-    assert b.plan(8) == 8
+    b = measured_policy(VerifyCosts.flat(0.150), drafter_s=0.030)  # memory-bound fp32 target
+    assert plan(b, 8) == 8
     for _ in range(200):
         b.stats.update(4, 0)  # a drafter that is always wrong
-    assert b.plan(8) == 0
+    assert plan(b, 8) == 0
 
 
 def test_explorations_that_lose_time_become_rarer_and_one_that_pays_resets_them():
-    b = budget(VerifyCosts.flat(0.150), drafter_s=0.030)
+    b = measured_policy(VerifyCosts.flat(0.150), drafter_s=0.030)
     for _ in range(200):
         b.stats.update(4, 0)  # drafting does not pay: plain steps, with explorations
     gaps, last = [], 0
     for step in range(1, 2000):
-        if b.plan(8):
+        if plan(b, 8):
             gaps.append(step - last)
             last = step
-            b.observe_step(4, 0.12, 4, 0.16, 0, [0.5] * 4)  # the exploration lost time (1 token for 0.28 s)
+            observe_step(b, 4, 0.12, 4, 0.16, 0, [0.5] * 4)  # the exploration lost time (1 token for 0.28 s)
     assert gaps[:4] == [EXPLORE_EVERY, 2 * EXPLORE_EVERY, 4 * EXPLORE_EVERY, 8 * EXPLORE_EVERY]
     assert max(gaps) == EXPLORE_MAX
-    while not b.plan(8):
+    while not plan(b, 8):
         pass
-    b.observe_step(4, 0.12, 4, 0.16, 4, [0.9] * 4)  # 5 tokens for 0.28 s: it paid
-    assert b.explore_every == EXPLORE_EVERY
+    observe_step(b, 4, 0.12, 4, 0.16, 4, [0.9] * 4)  # 5 tokens for 0.28 s: it paid
+    assert b.explorations[False].every == EXPLORE_EVERY
 
 
 def test_a_free_drafter_pays_on_llama_cpp_with_high_acceptance():
-    b = budget(VerifyCosts(LLAMA_CPP), drafter_s=0.0005)
+    b = measured_policy(VerifyCosts(LLAMA_CPP), drafter_s=0.0005)
     for _ in range(100):
         b.stats.update(4, 4)
-    assert b.plan(8) > 0
+    assert plan(b, 8) > 0
 
 
 def test_the_stop_rule_ends_a_draft_at_a_doubtful_token():
     import torch
 
-    b = budget(VerifyCosts.flat(0.150), drafter_s=0.030)
+    b = measured_policy(VerifyCosts.flat(0.150), drafter_s=0.030)
     stop = CostAwareStop(b, k_max=8)
     stop.start()
     sure = torch.tensor([10.0, 0.0, 0.0])
@@ -84,13 +113,13 @@ def test_decoding_follows_the_policy_and_keeps_the_output():
     config = DecodeConfig(max_new_tokens=24, draft_len=4)
     expected = SpeculativeDecoder(target).generate(prompt, config).token_ids
     losing = SpeculativeDecoder(target, make_drafter(d_model, bridge, target), bridge)
-    losing.budget = budget(VerifyCosts(LLAMA_CPP), drafter_s=0.030)
+    losing.cost_policy = measured_policy(VerifyCosts(LLAMA_CPP), drafter_s=0.030)
     assert losing.generate(prompt, config).token_ids == expected
     assert losing.stats.drafted_tokens == 0 and losing.stats.plain_steps == losing.stats.steps
     paying = SpeculativeDecoder(target, make_drafter(d_model, bridge, target), bridge)
-    paying.budget = budget(VerifyCosts.flat(0.150), drafter_s=0.001)
+    paying.cost_policy = measured_policy(VerifyCosts.flat(0.150), drafter_s=0.001)
     assert paying.generate(prompt, config).token_ids == expected
-    assert paying.stats.drafted_tokens > 0 and paying.budget.stats.steps > 0
+    assert paying.stats.drafted_tokens > 0 and paying.cost_policy.stats.steps > 0
 
 
 def test_costs_are_measured_at_the_first_request_and_timed_apart_from_it():
@@ -100,9 +129,9 @@ def test_costs_are_measured_at_the_first_request_and_timed_apart_from_it():
     expected = SpeculativeDecoder(target).generate(prompt, config).token_ids
     decoder = SpeculativeDecoder(target, make_drafter(d_model, bridge, target), bridge)
     first = decoder.generate(prompt, config)
-    table = decoder.budget.cost_table_ms()
+    table = decoder.cost_policy.cost_table_ms()
     assert set(table) >= {0, 1, 2, 4, 8} and all(v > 0 for v in table.values())
-    assert decoder.budget.draft.seconds_per_token > 0
+    assert decoder.cost_policy.draft.seconds_per_token > 0
     # the one-time measurement is reported on its own, not in the request's tok/s, and the engines
     # it used were reset: the request reads its prompt itself and decodes what the target alone does
     assert first.stats.measure_s > 0 and first.token_ids == expected
@@ -111,19 +140,18 @@ def test_costs_are_measured_at_the_first_request_and_timed_apart_from_it():
 
 
 def test_what_a_process_measured_is_kept_for_the_next_one(tmp_path):
-    from omnidraft.runtime import BudgetKeeper
-
     path = tmp_path / "models" / "costs" / "pair@llamacpp-bfloat16.json"
-    first = budget(VerifyCosts(LLAMA_CPP), drafter_s=0.030)
+    first = measured_policy(VerifyCosts(LLAMA_CPP), drafter_s=0.030)
     first.stats.update(4, 2)
-    BudgetKeeper(first, path).on_finish()
-    again = DraftBudget()
-    BudgetKeeper(again, path)
+    first.keep_at(path)
+    first.save()
+    again = CostPolicy()
+    again.keep_at(path)
     assert again.measured and again.verify.table == first.verify.table
     assert again.draft.seconds_per_token == 0.030 and again.stats.rates(4) == first.stats.rates(4)
     path.write_text('{"format": 1, "verify_s": {"0": -1}, "draft_s": "x"}')  # damaged: measured anew, no error
-    fresh = DraftBudget()
-    BudgetKeeper(fresh, path)
+    fresh = CostPolicy()
+    fresh.keep_at(path)
     assert not fresh.measured
 
 
@@ -131,18 +159,18 @@ def test_lookup_drafts_are_explored_where_only_a_good_source_pays_and_counted_pe
     """On llama.cpp a 1-proposal verify costs ~2 steps: at the prior's 0.5 no lookup draft pays, so
     the policy tries one now and then; once a source (a long match) shows it is right it is used,
     while a source that is often wrong stays off."""
-    b = budget(VerifyCosts({0: 0.016, 1: 0.037, 2: 0.047, 4: 0.067, 8: 0.081, 16: 0.150}), drafter_s=0.020)
-    assert b.plan_lookup(8, "context-4") == 0  # the prior: not worth it
+    b = measured_policy(VerifyCosts({0: 0.016, 1: 0.037, 2: 0.047, 4: 0.067, 8: 0.081, 16: 0.150}), drafter_s=0.020)
+    assert plan_lookup(b, 8, "context-4") == 0  # the prior: not worth it
     tries = 0
     for _ in range(EXPLORE_EVERY * 12):
-        k = b.plan_lookup(8, "context-4")
+        k = plan_lookup(b, 8, "context-4")
         if k:
             tries += 1
-            b.observe_lookup("context-4", k, k, 0.081)  # all accepted: 9 tokens for one 81 ms verify
-    assert tries >= 1 and b.plan_lookup(8, "context-4") > 0
-    assert b.lookup_explore_every == EXPLORE_EVERY  # the explorations paid: no backoff
+            observe_lookup(b, "context-4", k, k, 0.081)  # all accepted: 9 tokens for one 81 ms verify
+    assert tries >= 1 and plan_lookup(b, 8, "context-4") > 0
+    assert b.explorations[True].every == EXPLORE_EVERY  # the explorations paid: no backoff
     for _ in range(30):
-        b.observe_lookup("context-2", 4, 0, 0.067)
-    assert b.plan_lookup(8, "context-2") == 0  # counted apart: the good source does not vouch for it
-    restored = DraftBudget()
-    assert restored.restore(b.state()) and restored.plan_lookup(8, "context-4") > 0
+        observe_lookup(b, "context-2", 4, 0, 0.067)
+    assert plan_lookup(b, 8, "context-2") == 0  # counted apart: the good source does not vouch for it
+    restored = CostPolicy()
+    assert restored.restore(b.state()) and plan_lookup(restored, 8, "context-4") > 0

@@ -1,6 +1,6 @@
 """Drafting from what was said before: a persistent index of the target's past outputs.
 
-:class:`~omnidraft.drafter.lookup.LookupIndex` copies from the current context only. A user who
+:class:`~omnidraft.sources.lookup.LookupIndex` copies from the current context only. A user who
 asks the same or a similar thing again (a script re-run, an answer regenerated, a chat restarted)
 gets text the target already wrote in an earlier request or process; this index keeps it. It maps
 the last n target ids (n in ``ORDERS``, longest first) to the up to ``CONTINUATION`` ids that
@@ -29,8 +29,9 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from omnidraft.config import DecodeConfig
 from omnidraft.console import warn
 from omnidraft.ngram.files import (
     DEFAULT_BUSY_TIMEOUT_S,
@@ -50,10 +51,16 @@ from omnidraft.ngram.files import (
     is_corruption,
     report_problem,
 )
+from omnidraft.sources.base import Offer, Parts, StepResult, StepTimes, lookup_applies
+from omnidraft.sources.lookup import LOOKUP_MAX
+from omnidraft.verify.proposal import Proposal
 from omnidraft.vocab.identity import vocab_fingerprint
 
+if TYPE_CHECKING:
+    from omnidraft.sources.policy import SourcePolicy
+
 ORDERS = (4, 3)  # n-gram lengths tried, longest first: 2 repeats too often by chance to be worth a step
-CONTINUATION = 16  # ids kept after each n-gram (the decoder's LOOKUP_MAX; its cost policy cuts it)
+CONTINUATION = LOOKUP_MAX  # ids kept after each n-gram (as many as a lookup draft copies; the policy cuts it)
 PROMPT_TAIL = max(ORDERS)  # prompt ids recorded before an output, so its first tokens are indexed too
 DEFAULT_MAX_ENTRIES = 200_000  # ~2 entries per output token: the last ~100k tokens, ~70 MB in memory
 
@@ -341,3 +348,39 @@ def open_history(target_tokenizer: Any, *, home: str | os.PathLike | None = None
     """The history of a target tokenizer at its default path; ``kwargs`` go to the constructor."""
     fingerprint = vocab_fingerprint(target_tokenizer)
     return LookupHistory(history_path(fingerprint, home), fingerprint, **kwargs)
+
+
+class HistoryLookup:
+    """The draft source over earlier outputs: asked when the context has no match (free sources
+    are weighed first match only), and each request's output is added to it at the end."""
+
+    name, free = "history", True
+
+    def __init__(self, parts: Parts, history: LookupHistory) -> None:
+        self.parts, self.history = parts, history
+
+    @classmethod
+    def build(cls, parts: Parts) -> HistoryLookup | None:
+        return cls(parts, parts.history) if parts.lookup and parts.history is not None else None
+
+    def begin(self, ids: list[int], config: DecodeConfig, policy: SourcePolicy) -> bool:
+        return lookup_applies(self.parts, config)
+
+    def offer(self, ids: list[int], room: int) -> Offer | None:
+        copied, matched = self.history.propose_match(ids, min(LOOKUP_MAX, room))
+        return Offer(f"{self.name}-{matched}", len(copied), copied) if copied else None
+
+    def draft(self, ids: list[int], offer: Offer, k: int, times: StepTimes) -> Proposal:
+        return Proposal(offer.ids[:k])
+
+    def accept(self, step: StepResult) -> None:
+        pass
+
+    def finish(self, prompt_len: int, ids: list[int]) -> None:
+        """Add the output (after the prompt's last ids, so its first tokens can be found from
+        them) to the history and write it; a failure is one line, never a failed request."""
+        try:
+            self.history.record(ids[max(prompt_len - PROMPT_TAIL, 0):])
+            self.history.save()
+        except Exception as exc:  # noqa: BLE001 - the history only accelerates; the output is already out
+            warn(f"the lookup history was not updated: {exc}")

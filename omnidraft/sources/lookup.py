@@ -15,6 +15,16 @@ was just written never matches itself.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from omnidraft.config import DecodeConfig
+from omnidraft.sources.base import Offer, Parts, StepResult, StepTimes, lookup_applies
+from omnidraft.verify.proposal import Proposal
+
+if TYPE_CHECKING:
+    from omnidraft.sources.policy import SourcePolicy
+
+LOOKUP_MAX = 16  # most tokens a lookup draft copies (it costs nothing to draft; the policy cuts it)
 
 
 class LookupIndex:
@@ -64,3 +74,36 @@ class LookupIndex:
             if pos is not None and pos < end:
                 return ids[pos: pos + k], n
         return [], 0
+
+
+class ContextLookup:
+    """The draft source over the current context: its index follows every emitted token."""
+
+    name, free = "context", True
+
+    def __init__(self, parts: Parts) -> None:
+        self.parts = parts
+        self.index = LookupIndex()
+
+    @classmethod
+    def build(cls, parts: Parts) -> ContextLookup | None:
+        return cls(parts) if parts.lookup else None
+
+    def begin(self, ids: list[int], config: DecodeConfig, policy: SourcePolicy) -> bool:
+        if not lookup_applies(self.parts, config):
+            return False
+        self.index.sync(ids)  # indexed once per request (the prompt), then extended by each step's tokens
+        return True
+
+    def offer(self, ids: list[int], room: int) -> Offer | None:
+        copied, matched = self.index.propose(min(LOOKUP_MAX, room))
+        return Offer(f"{self.name}-{matched}", len(copied), copied) if copied else None
+
+    def draft(self, ids: list[int], offer: Offer, k: int, times: StepTimes) -> Proposal:
+        return Proposal(offer.ids[:k])
+
+    def accept(self, step: StepResult) -> None:
+        self.index.extend(step.emitted)
+
+    def finish(self, prompt_len: int, ids: list[int]) -> None:
+        pass

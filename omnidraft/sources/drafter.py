@@ -1,0 +1,146 @@
+"""The model drafter as a draft source: a small LM drafts in its own vocabulary, a translator turns
+its tokens into target ids (Algorithm 1, lines 5-9) and keeps its context in step with what the
+target emitted (lines 17-19).
+
+Per request the source picks its strategies once (:meth:`ModelDraft.plan`): the translator the
+rule needs, and the drafter's sampler, constraint and stop rule. Its context follows the text: a
+step it drafted is reverse-translated with the draft, a lookup step's tokens are appended, and a
+plain step drops the context, which is rebuilt from the text when drafting resumes (plain steps on
+a compute-bound target must not pay for a drafter they do not use).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from omnidraft.config import DecodeConfig
+from omnidraft.drafter import Draft, Drafter, DraftPolicy, Sampler
+from omnidraft.drafter.policy import stop_rule
+from omnidraft.errors import OmnidraftError
+from omnidraft.ngram.trie import NgramCache
+from omnidraft.sources.base import Offer, Parts, StepResult, StepTimes
+from omnidraft.sources.policy import DRAFTER
+from omnidraft.verify import rule_info
+from omnidraft.verify.proposal import Proposal
+from omnidraft.vocab.bridge import Translation, VocabBridge
+from omnidraft.vocab.reverse import DrafterContext
+from omnidraft.vocab.slrs import StringTranslator, check_lookahead
+from omnidraft.vocab.translate import (
+    RedistributingTranslator,
+    TextTranslator,
+    TokenTranslator,
+    Translator,
+)
+
+if TYPE_CHECKING:
+    from omnidraft.sources.policy import SourcePolicy
+    from omnidraft.target.base import Verifier
+
+NO_DRAFT = Draft([], None)
+
+
+@dataclass
+class Plan:
+    """The strategies of one request, chosen once from its config."""
+
+    translator: Translator
+    policy: DraftPolicy
+
+
+class ModelDraft:
+    """The drafter, its vocabulary bridge and the translators between them (one per kind)."""
+
+    name, free = DRAFTER, False
+
+    def __init__(self, parts: Parts, drafter: Drafter, bridge: VocabBridge) -> None:
+        self.drafter, self.bridge, self.ngrams = drafter, bridge, parts.ngrams
+        self.verifier: Verifier = parts.verifier
+        self.target_vocab_size = parts.target.vocab_size
+        self._translators: dict[tuple, Translator] = {}
+        self._plan: Plan | None = None
+        self._ctx: DrafterContext | None = None  # None after a plain step: rebuilt when drafting resumes
+        self._k_max = 0
+
+    @classmethod
+    def build(cls, parts: Parts) -> ModelDraft | None:
+        return cls(parts, parts.drafter, parts.bridge) if parts.drafter is not None else None
+
+    # ---- the source
+
+    def begin(self, ids: list[int], config: DecodeConfig, policy: SourcePolicy) -> bool:
+        generator = torch.Generator().manual_seed(config.seed)  # the drafter's sampling (verification: step_generator)
+        self._plan = self.plan(config, generator, policy)
+        self._k_max = config.draft_len
+        self._ctx = DrafterContext(self.bridge, ids)
+        return True
+
+    def offer(self, ids: list[int], room: int) -> Offer:
+        return Offer(self.name, min(self._k_max, room))
+
+    def draft(self, ids: list[int], offer: Offer, k: int, times: StepTimes) -> Proposal:
+        t0 = time.perf_counter()
+        if self._ctx is None:
+            self._ctx = DrafterContext(self.bridge, ids)
+        t1 = time.perf_counter()
+        draft = self.drafter.draft(self._ctx.ids, k, self._plan.policy)
+        t2 = time.perf_counter()
+        tr = self._plan.translator.forward(ids, draft)
+        times.draft_s += t2 - t1
+        times.translate_s += (t1 - t0) + (time.perf_counter() - t2)
+        return Proposal(tr.target_ids, draft, tr, self._plan.translator)
+
+    def accept(self, step: StepResult) -> None:
+        translator = self._plan.translator
+        if step.source == self.name:
+            p = step.proposal
+            step.kept = translator.drafted_kept(p.draft, p.translation, step.accepted, p.proposed)
+            step.ngram_hits = translator.ngram_hits(p.draft, p.translation, step.proposed, step.accepted)
+            if not step.done:  # reverse translation (Algorithm 1, lines 17-19)
+                translator.reverse(self._ctx, p.draft, p.translation, step.emitted, step.accepted)
+        elif step.source is None:
+            self._ctx = None
+        elif self._ctx is not None and not step.done:  # another source's target ids: the context follows the text
+            translator.reverse(self._ctx, NO_DRAFT, Translation(), step.emitted, 0)
+
+    def finish(self, prompt_len: int, ids: list[int]) -> None:
+        pass
+
+    # ---- strategies
+
+    def plan(self, config: DecodeConfig, generator: torch.Generator, policy: SourcePolicy) -> Plan:
+        """The translator and draft policy ``config`` asks for."""
+        info = rule_info(config.verify)
+        rules = self.verifier.rules
+        if rules is not None and config.verify not in rules:
+            raise OmnidraftError(f"--verify {config.verify} needs the drafter's distribution next to the target; this "
+                                 f"target verifies {' or '.join(rules)}")
+        translation = info.translations[0] if config.translate == "auto" else config.translate
+        translator = self.translator(translation, config.use_ngram and info.uses_ngrams, config.use_ngram,
+                                     config.slrs_lookahead)
+        sampler = translator.sampler(Sampler(config.temperature if info.keeps_q else 0.0, config.top_p, info.keeps_q, generator))
+        stop = policy.stop_rule(config.draft_len, self.drafter.head) or stop_rule(
+            config.draft_stop, self.drafter.head, config.draft_confidence, config.stop_gamma)
+        return Plan(translator, DraftPolicy(sampler, translator.constraint(self.drafter.lm.vocab_size),
+                                            translator.stop_rule(stop)))
+
+    def translator(self, translation: str, propose_ngrams: bool, learn_ngrams: bool, lookahead: int = 1) -> Translator:
+        """One translator per kind, kept for the source's life (they hold masks and memos)."""
+        key = (translation, propose_ngrams and translation == "tokens", learn_ngrams, lookahead if translation == "strings" else 0)
+        if key not in self._translators:
+            self._translators[key] = self._new_translator(translation, key[1], learn_ngrams, lookahead)
+        return self._translators[key]
+
+    def _new_translator(self, translation: str, propose_ngrams: bool, learn_ngrams: bool, lookahead: int) -> Translator:
+        learn: NgramCache | None = self.ngrams if learn_ngrams else None
+        if translation == "text":
+            return TextTranslator(self.bridge, learn)
+        if translation == "rdk":
+            return RedistributingTranslator(self.bridge, self.target_vocab_size, learn)
+        if translation == "strings":
+            check_lookahead(self.bridge, lookahead)  # refused where ψ would blow up (SLRS §3.4)
+            return StringTranslator(self.bridge, self.target_vocab_size, learn, lookahead, self.drafter)
+        return TokenTranslator(self.bridge, self.target_vocab_size, self.ngrams if propose_ngrams else None, learn)

@@ -1,0 +1,380 @@
+"""The cost policy: which source drafts, and how many tokens, so that tokens per second go up.
+
+One object (:class:`CostPolicy`) does the whole job, for every draft source alike:
+
+- **measure**: V(m), the target's seconds for a verify with m proposals (V(0) is a plain step),
+  and d, the drafter's seconds per drafted token, timed once on the first request's prompt;
+- **persist**: the measurements and the learned statistics go to a small JSON file under the home
+  (``models/costs/``), so a later process starts from them;
+- **decide**: a source may draft k tokens only when some k > 0 is expected to beat a plain step,
+  E(k)/T(k) > 1/V(0) (``costs.best_draft_length``), with a_i the source's own per-position
+  acceptance (counted per source key: the drafter, and each lookup source and match length, since
+  a long match continues as before far more often than a short one). A source that drafts token by
+  token (the model drafter) is then stopped by :class:`CostAwareStop` as soon as one more token is
+  no longer expected to pay, with that token's own estimate: the drafter's confidence q calibrated
+  into an acceptance probability (counted per bin of q), or the acceptance head's estimate when
+  the adapter has one (OmniDraft §3.3);
+- **learn**: every verified step updates V, d and the acceptance counts (``learn``);
+- **explore**: a source the statistics turned off drafts anyway now and then (when drafting could
+  pay at all), so the statistics follow a drafter or text that changes; each exploration that
+  loses time makes the next one twice as rare (every ``EXPLORE_EVERY`` skipped steps at first, at
+  most every ``EXPLORE_MAX``), so a pair where drafting never pays costs almost nothing. One
+  routine (:class:`Exploration`) serves every source: one schedule for the lookups, which cost
+  nothing to draft, and one for the drafter.
+
+Why V must be measured: on a memory-bound target a few-token verify costs about one step (long
+drafts pay), on compute-bound CPU kernels it grows with the number of tokens, and neither is
+monotone in general (docs/performance.md has the tables). :class:`NoCostPolicy` is the other
+policy (``--draft-stop`` fixed, confidence, head): every source drafts what it is allowed, nothing
+is measured or learned.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+import torch
+
+from omnidraft.adapter.head import AcceptHead
+from omnidraft.config import DecodeConfig
+from omnidraft.console import warn
+from omnidraft.costs import (
+    AcceptanceStats,
+    DraftCost,
+    SequentialDraft,
+    VerifyCosts,
+    best_draft_length,
+)
+from omnidraft.errors import OmnidraftError
+from omnidraft.fsutil import atomic_write_json
+from omnidraft.verify.proposal import Proposal
+from omnidraft.vocab.reverse import DrafterContext
+
+if TYPE_CHECKING:
+    from omnidraft.drafter import Drafter
+    from omnidraft.drafter.policy import StopRule
+    from omnidraft.sources.base import DraftSource, StepResult
+    from omnidraft.target.base import Verifier
+    from omnidraft.vocab.bridge import VocabBridge
+
+MEASURE_KS = (0, 1, 2, 3, 4, 6, 8)  # proposals per measured verify (k + 1 new tokens)
+MEASURE_CONTEXT = 128  # context tokens behind the measured evals
+EXPLORE_EVERY = 16  # a skipped step drafts anyway this often, when drafting could pay at all
+EXPLORE_MAX = 256  # ... and, after explorations that lost time, up to this rarely (doubling each time)
+OPTIMISTIC_ACCEPTANCE = 0.9  # "could pay at all": the best case a real drafter reaches
+DRAFTER = "drafter"  # the model drafter's acceptance key (lookup keys: "context-4", "history-3", …)
+STATE_FORMAT = 2
+
+
+class ConfidenceCalibration:
+    """P(a drafted token is accepted | the drafter's probability q of it), counted in bins of q.
+
+    Each bin starts as a Beta prior centred on q itself (a drafter that is calibrated needs no
+    correction) and follows the verified outcomes of its tokens.
+    """
+
+    def __init__(self, bins: int = 10, prior_strength: float = 4.0) -> None:
+        self.bins = bins
+        self.accepted = [(b + 0.5) / bins * prior_strength for b in range(bins)]
+        self.tried = [prior_strength] * bins
+
+    def _bin(self, q: float) -> int:
+        return min(int(q * self.bins), self.bins - 1)
+
+    def __call__(self, q: float) -> float:
+        b = self._bin(q)
+        return self.accepted[b] / self.tried[b]
+
+    def update(self, q: float, accepted: bool) -> None:
+        b = self._bin(q)
+        self.tried[b] += 1
+        self.accepted[b] += float(accepted)
+
+
+class Exploration:
+    """When a source the statistics turned off drafts anyway (one schedule per kind of source)."""
+
+    def __init__(self) -> None:
+        self.every = EXPLORE_EVERY
+        self.since = 0  # skipped steps since the last exploration
+        self.active = False  # the current step is an exploration
+
+    def choose(self, k: int, k_max: int, could_pay: Callable[[], bool]) -> int:
+        """``k`` as decided, or ``k_max`` when a skipped step is due to explore (and could pay)."""
+        self.active = False
+        if k:
+            return k
+        self.since += 1
+        if self.since >= self.every and could_pay():
+            self.since, self.active = 0, True  # the statistics must see drafts to notice that they could pay
+            return k_max
+        return 0
+
+    def settle(self, paid: bool) -> None:
+        """After an exploration: one that lost time makes the next twice as rare, one that paid resets."""
+        if self.active:
+            self.every = EXPLORE_EVERY if paid else min(2 * self.every, EXPLORE_MAX)
+            self.active = False
+
+
+class SourcePolicy(Protocol):
+    """What the decoder asks of a policy (``CostPolicy`` or ``NoCostPolicy``)."""
+
+    needs_measuring: bool
+
+    def order(self, sources: Sequence[DraftSource]) -> list[DraftSource]: ...
+    def allow(self, key: str, free: bool, k_max: int) -> int: ...
+    def stop_rule(self, k_max: int, head: AcceptHead | None) -> StopRule | None: ...
+    def learn(self, step: StepResult, reads_prompt: bool) -> None: ...
+    def save(self) -> None: ...
+
+
+def free_first(sources: Sequence[DraftSource]) -> list[DraftSource]:
+    """Sources that cost nothing to draft are asked first, in their listed order."""
+    return sorted(sources, key=lambda s: not s.free)
+
+
+class NoCostPolicy:
+    """A fixed stop rule (``--draft-stop fixed|confidence|head``): every source drafts what it is
+    allowed, and nothing is measured or learned."""
+
+    needs_measuring = False
+
+    def order(self, sources: Sequence[DraftSource]) -> list[DraftSource]:
+        return free_first(sources)
+
+    def allow(self, key: str, free: bool, k_max: int) -> int:
+        return k_max
+
+    def stop_rule(self, k_max: int, head: AcceptHead | None) -> StopRule | None:
+        return None  # the configured rule
+
+    def learn(self, step: StepResult, reads_prompt: bool) -> None:
+        pass
+
+    def save(self) -> None:
+        pass
+
+
+class CostPolicy:
+    """The measured costs and acceptance statistics of one drafter–target pair on this machine."""
+
+    def __init__(self, k_max: int = 16, path: Path | None = None) -> None:
+        self.verify: VerifyCosts | None = None
+        self.draft = DraftCost(alpha=0.1)
+        self.k_max = k_max
+        self.acceptance: dict[str, AcceptanceStats] = {DRAFTER: AcceptanceStats(k_max, prior_mean=0.6, decay=0.995)}
+        self.calibration = ConfidenceCalibration()
+        self.explorations = {False: Exploration(), True: Exploration()}  # by source.free: the drafter, the lookups
+        self.choices: dict[int, int] = {}  # the drafter's allowance -> steps (what the policy did)
+        self.path = path  # where the state is kept (None: in memory only)
+        self._stop: CostAwareStop | None = None
+
+    @property
+    def measured(self) -> bool:
+        return self.verify is not None
+
+    @property
+    def needs_measuring(self) -> bool:
+        return self.verify is None
+
+    @property
+    def stats(self) -> AcceptanceStats:
+        """The model drafter's per-position acceptance."""
+        return self.acceptance[DRAFTER]
+
+    def acceptance_for(self, key: str) -> AcceptanceStats:
+        """A source key's statistics; one seen for the first time starts from an even prior."""
+        if key not in self.acceptance:
+            self.acceptance[key] = AcceptanceStats(self.k_max, prior_mean=0.5, decay=0.995)
+        return self.acceptance[key]
+
+    # ---- measure
+
+    @torch.inference_mode()
+    def measure(self, verifier: Verifier, drafter: Drafter | None, bridge: VocabBridge | None,
+                prompt_ids: Sequence[int]) -> float:
+        """Time V(k) for k in MEASURE_KS and d on this prompt; returns the seconds it took, which the
+        request's tok/s leaves out. The engines are reset after it, so the request still reads its
+        whole prompt. ``verifier``: the decoder's (a local engine, or a remote target whose round
+        trip is part of V)."""
+        t0 = time.perf_counter()
+        self.verify = VerifyCosts(self._time_verifies(verifier, prompt_ids))
+        if drafter is not None:  # lookup drafting alone: nothing else to time
+            self.draft = DraftCost(self._time_drafter(drafter, DrafterContext(bridge, prompt_ids).ids), alpha=0.1)
+            drafter.reset()
+        verifier.reset()
+        return time.perf_counter() - t0
+
+    @staticmethod
+    def _time_verifies(verifier: Verifier, prompt_ids: Sequence[int]) -> dict[int, float]:
+        ctx = list(prompt_ids[:MEASURE_CONTEXT])
+        filler = (list(prompt_ids) * (max(MEASURE_KS) // max(len(prompt_ids), 1) + 2))[: max(MEASURE_KS) + 1]
+        greedy = DecodeConfig(verify="greedy")
+        verifier.verify(ctx, None, greedy, None)  # prefill
+        table: dict[int, list[float]] = {k: [] for k in MEASURE_KS}
+        for _ in range(2):
+            for k in MEASURE_KS:
+                t0 = time.perf_counter()
+                verifier.verify(ctx, Proposal(filler[:k]) if k else None, greedy, None)
+                table[k].append(time.perf_counter() - t0)
+        return {k: min(v) for k, v in table.items()}
+
+    @staticmethod
+    def _time_drafter(drafter: Drafter, drafter_ids: Sequence[int]) -> float:
+        d_ctx = list(drafter_ids[:MEASURE_CONTEXT]) or [0]
+        drafter.lm.logits_for(d_ctx)
+        token = d_ctx[-1]
+        times = []
+        for i in range(8):  # the first steps after a pause run cold: they are not what drafting costs
+            t0 = time.perf_counter()
+            drafter.lm.step(token)
+            if i >= 2:
+                times.append(time.perf_counter() - t0)
+        drafter.lm.logits_for(d_ctx)  # leave the drafter's cache on real text
+        return statistics.median(times)
+
+    # ---- persist (what a later run starts from; the loop keeps updating it)
+
+    def state(self) -> dict:
+        lookups = {key: st for key, st in self.acceptance.items() if key != DRAFTER}
+        return {"format": STATE_FORMAT,
+                "verify_s": {str(k): v for k, v in (self.verify.table.items() if self.verify else [])},
+                "draft_s": self.draft.seconds_per_token if self.draft.known else None,
+                "stats": {"tried": self.stats.tried, "accepted": self.stats.accepted},
+                "lookup": {key: {"tried": st.tried, "accepted": st.accepted} for key, st in lookups.items()},
+                "calibration": {"tried": self.calibration.tried, "accepted": self.calibration.accepted}}
+
+    def restore(self, state: dict) -> bool:
+        """Take a saved state; False (and nothing changed) for anything malformed."""
+        try:
+            verify = VerifyCosts({int(k): float(v) for k, v in state["verify_s"].items()})
+            draft = float(state["draft_s"])
+            tried, accepted = [float(x) for x in state["stats"]["tried"]], [float(x) for x in state["stats"]["accepted"]]
+            c_tried = [float(x) for x in state["calibration"]["tried"]]
+            c_accepted = [float(x) for x in state["calibration"]["accepted"]]
+        except (KeyError, TypeError, ValueError, AttributeError):
+            return False
+        ok = (state.get("format") == STATE_FORMAT and len(tried) == len(accepted) == self.stats.max_positions
+              and len(c_tried) == len(c_accepted) == self.calibration.bins and draft > 0
+              and all(0 <= a <= t for a, t in zip(accepted + c_accepted, tried + c_tried)))
+        lookup = self._restore_lookup(state.get("lookup"))
+        if ok:
+            self.acceptance.update(lookup)
+            self.verify, self.draft = verify, DraftCost(draft, alpha=0.1)
+            self.stats.tried, self.stats.accepted = tried, accepted
+            self.calibration.tried, self.calibration.accepted = c_tried, c_accepted
+        return ok
+
+    def _restore_lookup(self, saved: object) -> dict[str, AcceptanceStats]:
+        """The per-source lookup statistics of a saved state; what is malformed is left out."""
+        out: dict[str, AcceptanceStats] = {}
+        for key, counts in (saved.items() if isinstance(saved, dict) else ()):
+            try:
+                tried, accepted = [float(x) for x in counts["tried"]], [float(x) for x in counts["accepted"]]
+            except (KeyError, TypeError, ValueError):
+                continue
+            if isinstance(key, str) and key != DRAFTER and len(tried) == len(accepted) == self.k_max and all(
+                    0 <= a <= t for a, t in zip(accepted, tried)):
+                stats = self.acceptance_for(key)
+                stats.tried, stats.accepted = tried, accepted
+                out[key] = stats
+        return out
+
+    def keep_at(self, path: Path) -> None:
+        """Start from the state kept at ``path`` (a missing or malformed file: measure again) and
+        keep it there after each request."""
+        self.path = path
+        try:
+            self.restore(json.loads(path.read_text(encoding="utf-8")))
+        except (OSError, ValueError):
+            pass
+
+    def save(self) -> None:
+        """Write the state to ``path`` (once measured); a read-only home is one line, never an error."""
+        if self.path is None or not self.measured:
+            return
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_json(self.path, self.state(), indent=None)
+        except (OSError, OmnidraftError) as exc:  # a read-only home: measure again next time
+            warn(f"could not keep the draft policy's measurements in {self.path}: {exc}")
+
+    def cost_table_ms(self) -> dict[int, float]:
+        return {k: round(v * 1000, 2) for k, v in (self.verify.table.items() if self.verify else [])}
+
+    # ---- decide
+
+    def order(self, sources: Sequence[DraftSource]) -> list[DraftSource]:
+        return free_first(sources)
+
+    def allow(self, key: str, free: bool, k_max: int) -> int:
+        """How many tokens source ``key`` may draft this step (0: not this source). A source that
+        drafts token by token (not ``free``) gets all of ``k_max`` once drafting pays at all: its
+        stop rule, :meth:`stop_rule`, ends the draft where one more token stops paying."""
+        d = 0.0 if free else self.draft.seconds_per_token
+        verify = self._verify_costs()
+        k = best_draft_length(self.acceptance_for(key).rates(k_max), d, verify, k_max)
+        k = self.explorations[free].choose(k, k_max, lambda: best_draft_length(OPTIMISTIC_ACCEPTANCE, d, verify, k_max) > 0)
+        if free:
+            return k
+        self.choices[k] = self.choices.get(k, 0) + 1
+        return k and k_max
+
+    def stop_rule(self, k_max: int, head: AcceptHead | None) -> StopRule:
+        self._stop = CostAwareStop(self, k_max, head)
+        return self._stop
+
+    def sequence(self, k_max: int) -> SequentialDraft:
+        return SequentialDraft(self.draft.seconds_per_token, self._verify_costs(), k_max)
+
+    def _verify_costs(self) -> Callable[[int], float]:
+        """V, with V(0) never above V(1): a policy that drafts observes no plain step, so a V(0) once
+        inflated (a slow moment) would otherwise keep it drafting at a loss."""
+        v0_cap = self.verify(1)
+        return lambda k: min(self.verify(0), v0_cap) if k == 0 else self.verify(k)
+
+    # ---- learn
+
+    def learn(self, step: StepResult, reads_prompt: bool) -> None:
+        """Fold one verified step in. ``reads_prompt``: the verify also read the prompt, so its time
+        says nothing about V."""
+        if step.source is None:  # a plain step
+            if not reads_prompt:
+                self.verify.observe(0, step.verify_s)
+            return
+        if not step.free:
+            self.draft.observe(step.drafted, step.draft_s)
+        if not reads_prompt:
+            self.verify.observe(step.proposed, step.verify_s)
+            paid = (step.kept + 1) * self._verify_costs()(0) >= step.draft_s + step.verify_s
+            self.explorations[step.free].settle(paid)
+        self.acceptance_for(step.key).update(step.drafted, step.kept)
+        probs = self._stop.probs if self._stop is not None and not step.free else []
+        for i, q in enumerate(probs[: step.kept + 1]):  # conditional on the ones before being kept
+            self.calibration.update(q, i < step.kept)
+
+
+class CostAwareStop:
+    """Stop rule of the cost-aware policy: continue while one more token is expected to pay."""
+
+    def __init__(self, policy: CostPolicy, k_max: int, head: AcceptHead | None = None) -> None:
+        self.policy, self.k_max, self.head = policy, k_max, head
+        self.probs: list[float] = []  # q(token) of each drafted token, for the calibration
+
+    def start(self) -> None:
+        self.probs = []
+        self._seq = self.policy.sequence(self.k_max)
+
+    def stop_after(self, token, masked, q, hidden, logits) -> bool:
+        prob = float(q[token]) if q is not None else float(torch.softmax(masked, -1)[token])
+        self.probs.append(prob)
+        estimate = self.head.accept_prob(hidden, logits) if self.head is not None else self.policy.calibration(prob)
+        self._seq.push(min(max(estimate, 0.0), 1.0))
+        return not self._seq.should_continue(a_next=self.policy.stats.rate(self._seq.i + 1))
+
