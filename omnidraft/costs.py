@@ -14,10 +14,10 @@ where d is the drafter's seconds per drafted token and V(k) the measured seconds
 with k proposals (V(0) is a plain decoding step). Plain decoding (k = 0) gives E(0)/T(0) = 1/V(0)
 tokens/s; speculation pays only when some k > 0 has E(k)/T(k) > 1/V(0).
 
-Why V(k) must be measured, not assumed: on a memory-bound torch fp32 target an eval of a few
-tokens costs about one step (V(k) ~ V(0): long drafts pay), while llama.cpp's compute-bound CPU
-kernels cost ~k/1.6 steps (Qwen-0.5B: 1/2/4/8 new tokens = 20/37/51/87 ms) and torch's cost is
-not even monotone in k. :class:`VerifyCosts` keeps a measured table, interpolates the rest and
+Why V(k) must be measured, not assumed: on a memory-bound target an eval of a few tokens costs
+about one step (V(k) ~ V(0): long drafts pay), while compute-bound CPU kernels (llama.cpp) cost
+more with every token, and a torch engine's cost is not even monotone in k (docs/performance.md
+has measured tables). :class:`VerifyCosts` keeps a measured table, interpolates the rest and
 follows the real verify times the loop observes; :class:`DraftCost` and
 :class:`AcceptanceStats` track d and a_i online; :func:`best_draft_length` (all at once) and
 :func:`should_continue` / :class:`SequentialDraft` (token by token) decide.
@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 
 CostFn = Callable[[int], float] | Mapping[int, float]
 Acceptance = float | Sequence[float]
+FIRST_WEIGHT = 0.5  # weight of the first observation of an unmeasured k (see VerifyCosts.observe)
 
 
 def _check_alpha(alpha: float) -> float:
@@ -60,15 +61,14 @@ class VerifyCosts:
     ``observe(k, seconds)`` folds a verify time the loop measured into the table with an
     exponential moving average: ``V(k) <- (1 - alpha) * V(k) + alpha * seconds``. The first
     observation of an unmeasured k starts from the interpolated value with weight
-    ``max(alpha, first_weight)`` so a real measurement quickly replaces a guess.
+    ``max(alpha, FIRST_WEIGHT)`` so a real measurement quickly replaces a guess.
     """
 
-    def __init__(self, table: Mapping[int, float], *, alpha: float = 0.1, first_weight: float = 0.5) -> None:
+    def __init__(self, table: Mapping[int, float], *, alpha: float = 0.1) -> None:
         clean = {int(k): float(v) for k, v in table.items() if int(k) >= 0 and _usable(v)}
         if not clean:
             raise ValueError("VerifyCosts needs at least one measured (k >= 0, seconds > 0) entry")
         self.alpha = _check_alpha(alpha)
-        self.first_weight = _check_alpha(first_weight)
         self._table: dict[int, float] = clean
         self._keys: list[int] = sorted(clean)
         self.observations: dict[int, int] = {}
@@ -117,7 +117,7 @@ class VerifyCosts:
         if k in self._table:
             prior, weight = self._table[k], self.alpha
         else:
-            prior, weight = self(k), max(self.alpha, self.first_weight)
+            prior, weight = self(k), max(self.alpha, FIRST_WEIGHT)
             bisect.insort(self._keys, k)
         self._table[k] = prior + weight * (seconds - prior)
         self.observations[k] = self.observations.get(k, 0) + 1
@@ -254,13 +254,12 @@ def expected_tokens(a: Acceptance, k: int) -> float:
     return total
 
 
-def expected_rates(a: Acceptance, d: float, V: CostFn, k_max: int, *, step_overhead: float = 0.0) -> list[float]:
-    """[E(k) / T(k) for k = 0..k_max] in tokens/second, T(k) = k*d + V(k) (+ step_overhead for k > 0:
-    the per-step cost of speculating that plain decoding does not pay, e.g. vocabulary bridging)."""
+def expected_rates(a: Acceptance, d: float, V: CostFn, k_max: int) -> list[float]:
+    """[E(k) / T(k) for k = 0..k_max] in tokens/second, T(k) = k*d + V(k)."""
     d = float(d)  # a DraftCost works too
     if k_max < 0:
         raise ValueError("k_max must be >= 0")
-    if d < 0 or step_overhead < 0:
+    if d < 0:
         raise ValueError("costs must be >= 0")
     cost = _cost(V)
     rates = _rates(a, k_max)
@@ -269,15 +268,14 @@ def expected_rates(a: Acceptance, d: float, V: CostFn, k_max: int, *, step_overh
         if k:
             p *= rates[k - 1]
             e += p
-        t = k * d + cost(k) + (step_overhead if k else 0.0)
+        t = k * d + cost(k)
         if t <= 0:
             raise ValueError(f"T({k}) must be > 0, got {t}")
         out.append(e / t)
     return out
 
 
-def best_draft_length(a: Acceptance, d: float, V: CostFn, k_max: int, *, step_overhead: float = 0.0,
-                      min_gain: float = 0.0) -> int:
+def best_draft_length(a: Acceptance, d: float, V: CostFn, k_max: int) -> int:
     """The k in 0..k_max maximising E(k)/T(k) (expected tokens per second).
 
     ``a``: the conditional acceptance probabilities a_1..a_k_max (a float for a constant rate; a
@@ -285,20 +283,19 @@ def best_draft_length(a: Acceptance, d: float, V: CostFn, k_max: int, *, step_ov
     seconds per token. ``V``: verify cost, k proposals -> seconds (a :class:`VerifyCosts`, any
     callable, or a mapping that is then interpolated).
 
-    Returns 0 (plain decoding) unless some k > 0 beats E(0)/T(0) = 1/V(0) by more than the
-    relative margin ``min_gain`` (a hysteresis against timing noise); ties go to the smaller k.
+    Returns 0 (plain decoding) unless some k > 0 beats E(0)/T(0) = 1/V(0); ties go to the smaller k.
     """
-    r = expected_rates(a, d, V, k_max, step_overhead=step_overhead)
+    r = expected_rates(a, d, V, k_max)
     best = 0
     for k in range(1, k_max + 1):
         if r[k] > r[best]:
             best = k
-    return best if best and r[best] > r[0] * (1.0 + min_gain) else 0
+    return best
 
 
 def should_continue(i: int, p_cum: float, a_next: float, d: float, V: CostFn, *,
                     expected_so_far: float | None = None, a_later: Sequence[float] | None = None,
-                    k_max: int = 16, step_overhead: float = 0.0, min_gain: float = 0.0) -> bool:
+                    k_max: int = 16) -> bool:
     """Token-by-token drafting: having drafted i tokens, is drafting more expected to raise tokens/s?
 
     ``p_cum`` = P(all i drafted tokens are accepted) = prod_{j<=i} a_j (from the acceptance
@@ -310,8 +307,7 @@ def should_continue(i: int, p_cum: float, a_next: float, d: float, V: CostFn, *,
 
     Stopping now yields rate E(i)/T(i). Continuing to any k in i+1..k_max yields
     E(k)/T(k) with E(k) = E(i) + p_cum * sum_{t=i+1..k} prod_{j=i+1..t} a_j. Continue iff the best
-    such k beats stopping (by the factor 1 + min_gain when i = 0, the speculate-at-all margin of
-    :func:`best_draft_length`). The look-ahead matters because V(k) is not convex nor even
+    such k beats stopping. The look-ahead matters because V(k) is not convex nor even
     monotone: one more token can cost more than two.
 
     Consistency with :func:`best_draft_length`: fed the same a_j (p_cum and expected_so_far
@@ -326,10 +322,7 @@ def should_continue(i: int, p_cum: float, a_next: float, d: float, V: CostFn, *,
     d = float(d)  # a DraftCost works too
     cost = _cost(V)
     e_now = expected_so_far if expected_so_far is not None else 1.0 + i * p_cum
-    t_now = i * d + cost(i) + (step_overhead if i else 0.0)
-    stop_rate = e_now / t_now
-    if i == 0:
-        stop_rate *= 1.0 + min_gain
+    stop_rate = e_now / (i * d + cost(i))
     future = [a_next] + list(a_later or [])
     rates = _rates(future, k_max - i)
     e, p = e_now, p_cum
@@ -337,7 +330,7 @@ def should_continue(i: int, p_cum: float, a_next: float, d: float, V: CostFn, *,
         p *= x
         e += p
         k = i + n
-        if e / (k * d + cost(k) + step_overhead) > stop_rate:
+        if e / (k * d + cost(k)) > stop_rate:
             return True
     return False
 
@@ -354,9 +347,8 @@ class SequentialDraft:
     ``p_cum`` and ``expected`` (= E(i)) stay exact.
     """
 
-    def __init__(self, d: float, V: CostFn, k_max: int, *, step_overhead: float = 0.0, min_gain: float = 0.0) -> None:
+    def __init__(self, d: float, V: CostFn, k_max: int) -> None:
         self.d, self.V, self.k_max = float(d), _cost(V), int(k_max)
-        self.step_overhead, self.min_gain = step_overhead, min_gain
         self.i, self.p_cum, self.expected = 0, 1.0, 1.0
 
     def push(self, a: float) -> None:
@@ -368,5 +360,4 @@ class SequentialDraft:
 
     def should_continue(self, a_next: float, a_later: Iterable[float] | None = None) -> bool:
         return should_continue(self.i, self.p_cum, a_next, self.d, self.V, expected_so_far=self.expected,
-                               a_later=None if a_later is None else list(a_later), k_max=self.k_max,
-                               step_overhead=self.step_overhead, min_gain=self.min_gain)
+                               a_later=None if a_later is None else list(a_later), k_max=self.k_max)

@@ -29,6 +29,7 @@ from omnidraft.console import Utf8Stream
 from omnidraft.drafter import Drafter
 from omnidraft.errors import OmnidraftError
 from omnidraft.ngram.trie import NgramCache, NgramTrie
+from omnidraft.observer import DecodeObserver
 from omnidraft.sources import SOURCES, DraftSource, Parts, StepResult, StepTimes
 from omnidraft.sources.history import LookupHistory
 from omnidraft.sources.policy import CostPolicy, NoCostPolicy, SourcePolicy
@@ -97,25 +98,6 @@ class DecodeStats:
         out.update(acceptance_rate=self.acceptance_rate, tokens_per_s=self.tokens_per_s,
                    tokens_per_target_forward=self.tokens_per_target_forward)
         return out
-
-
-class DecodeObserver:
-    """Hooks into the loop for what rides along decoding (recording for the trainer, publishing
-    adapter weights, telling the trainer to yield). Every method is a no-op unless overridden."""
-
-    row_request: RowRequest | None = None  # per-position target log-probs this observer wants (the trainer's records)
-
-    def on_start(self, prompt_ids: Sequence[int]) -> None:
-        """A request starts."""
-
-    def before_step(self) -> None:
-        """Between two steps: the only moment drafter weights may change."""
-
-    def on_step(self, logits: torch.Tensor, emitted: Sequence[int]) -> None:
-        """``logits[i]`` is the target's row that predicted ``emitted[i]``."""
-
-    def on_finish(self) -> None:
-        """The request ended (finished, cut at the budget, or interrupted)."""
 
 
 @dataclass

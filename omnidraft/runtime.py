@@ -35,7 +35,7 @@ from omnidraft.ngram.trie import NgramCache, NgramTrie
 from omnidraft.sources.history import LookupHistory, open_history
 from omnidraft.target import Target, TorchTarget
 from omnidraft.vocab.bridge import VocabBridge
-from omnidraft.vocab.identity import pair_slug, vocab_fingerprint
+from omnidraft.identity import pair_slug, vocab_fingerprint
 
 
 @dataclass
@@ -208,7 +208,7 @@ def onnx_export_for(drafter_spec: str, backend: str, home=None) -> Path | None:
 
     ``auto``: the drafter's export under ``<home>/export/`` when there is one (int8 first), else
     torch; ``onnx``: that export, or a one-line error saying how to make it; a folder: that export."""
-    from omnidraft.vocab.identity import spec_slug
+    from omnidraft.identity import spec_slug
 
     if backend == "torch":
         return None

@@ -106,16 +106,6 @@ def test_position_dependent_acceptance():
     assert best_draft_length([0.95, 0.95, 0.01, 0.9], 0.001, flat(STEP), 4) == 2
 
 
-def test_min_gain_and_overhead_make_speculation_harder():
-    a, d, V = 0.8, 0.002, lambda k: STEP * (1 + 0.6 * k)  # a small gain only
-    k = best_draft_length(a, d, V, 8)
-    assert k > 0
-    r = expected_rates(a, d, V, 8)
-    gain = r[k] / r[0] - 1
-    assert best_draft_length(a, d, V, 8, min_gain=gain * 1.01) == 0
-    assert best_draft_length(a, d, V, 8, step_overhead=0.05) == 0
-
-
 def test_input_validation():
     with pytest.raises(ValueError):
         best_draft_length(1.5, 0.0, flat(STEP), 4)

@@ -27,15 +27,15 @@ from omnidraft.ngram.files import history_path, initialize_store
 FP = "a" * 64  # vocabulary fingerprints (sha256 hex)
 OTHER_FP = "b" * 64
 
-# Children import the history without omnidraft.drafter's __init__ (which loads torch), so a child
+# Children import the history without omnidraft.sources' __init__ (which loads torch), so a child
 # starts in a fraction of a second; the module itself needs no torch.
 CHILD = f"""
 import sys, types
 from pathlib import Path
 import omnidraft
-pkg = types.ModuleType("omnidraft.drafter")
-pkg.__path__ = [str(Path(omnidraft.__file__).parent / "drafter")]
-sys.modules["omnidraft.drafter"] = pkg
+pkg = types.ModuleType("omnidraft.sources")
+pkg.__path__ = [str(Path(omnidraft.__file__).parent / "sources")]
+sys.modules["omnidraft.sources"] = pkg
 from omnidraft.sources.history import LookupHistory
 FP = {FP!r}
 """

@@ -33,7 +33,7 @@ from omnidraft.ngram.files import (
 )
 from omnidraft.ngram.store import PersistentNgramCache
 from omnidraft.ngram.trie import NgramTrie
-from omnidraft.vocab.identity import pair_id
+from omnidraft.identity import pair_id
 
 PAIR = "aaaa1111-bbbb2222"
 REPO = Path(__file__).resolve().parents[1]

@@ -10,13 +10,15 @@ computed with the old weights, so it is dropped and rebuilt on the next draft.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from omnidraft.adapter import head as head_mod
 from omnidraft.adapter import store
 from omnidraft.console import warn
-from omnidraft.decode import DecodeObserver
-from omnidraft.drafter import Drafter
+from omnidraft.observer import DecodeObserver
+
+if TYPE_CHECKING:
+    from omnidraft.drafter import Drafter
 
 
 class Publisher(Protocol):

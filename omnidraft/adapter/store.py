@@ -28,7 +28,7 @@ import torch
 from omnidraft.errors import OmnidraftError
 from omnidraft.fsutil import FileLock
 from omnidraft.home import home_dir
-from omnidraft.vocab.identity import pair_slug, vocab_fingerprint
+from omnidraft.identity import pair_slug, vocab_fingerprint
 
 FORMAT_VERSION = 1
 KIND = "omnidraft-lora"

@@ -107,7 +107,7 @@ def _ngram_factory(args: argparse.Namespace, pipe) -> Callable:
     from omnidraft.ngram.store import fresh_store
     from omnidraft.ngram.trie import NgramTrie
     from omnidraft.runtime import CacheOptions, open_ngram_cache
-    from omnidraft.vocab.identity import pair_id
+    from omnidraft.identity import pair_id
 
     drafter_tok, target_tok = pipe.decoder.bridge.drafter_tokenizer, pipe.target_tokenizer
     policy = args.cache_policy or "lru"

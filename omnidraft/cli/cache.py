@@ -50,7 +50,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def _store_paths(pair: str | None) -> list[Path]:
     """The stores a command works on; an unknown ``--pair`` is a user error. Creates nothing."""
     from omnidraft.ngram.files import default_store_path, list_store_paths
-    from omnidraft.vocab.identity import check_pair_id
+    from omnidraft.identity import check_pair_id
 
     if pair is None:
         return list_store_paths()

@@ -31,7 +31,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def default_folder(drafter: str, quant: str) -> Path:
     from omnidraft.home import home_dir
-    from omnidraft.vocab.identity import spec_slug
+    from omnidraft.identity import spec_slug
 
     return home_dir() / "export" / f"{spec_slug(drafter)}-{quant}"
 
@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     from omnidraft.export.onnx_export import export_drafter
     from omnidraft.kv import output_vocab_size
     from omnidraft.vocab.bridge import VocabBridge
-    from omnidraft.vocab.identity import spec_slug
+    from omnidraft.identity import spec_slug
 
     models.check_spec(args.drafter)
     model, tokenizer = models.load(args.drafter, dtype="float32")

@@ -45,7 +45,7 @@ from omnidraft.errors import OmnidraftError
 from omnidraft.ngram.files import bytes_on_disk
 from omnidraft.ngram.store import PersistentNgramCache, fresh_store
 from omnidraft.ngram.trie import NgramTrie
-from omnidraft.vocab.identity import pair_id
+from omnidraft.identity import pair_id
 
 TARGET = "target"
 NO_CACHE = "no cache"

@@ -28,7 +28,7 @@ from pathlib import Path
 from omnidraft.console import warn
 from omnidraft.errors import OmnidraftError
 from omnidraft.home import home_dir
-from omnidraft.vocab.identity import check_pair_id
+from omnidraft.identity import check_pair_id
 
 FORMAT_VERSION = 1
 STORE_KIND = "omnidraft-ngram-cache"

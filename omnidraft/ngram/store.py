@@ -60,7 +60,7 @@ from omnidraft.ngram.files import (
     store_files,
 )
 from omnidraft.ngram.trie import NgramTrie, TrieNode
-from omnidraft.vocab.identity import check_pair_id, pair_id
+from omnidraft.identity import check_pair_id, pair_id
 
 _FLUSH_ATTEMPTS = 2  # automatic flushes: a busy store is retried at the next batch anyway
 _CLOSE_ATTEMPTS = 8  # the last flush has no next batch; opening has no fallback either

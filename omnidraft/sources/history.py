@@ -54,7 +54,7 @@ from omnidraft.ngram.files import (
 from omnidraft.sources.base import Offer, Parts, StepResult, StepTimes, lookup_applies
 from omnidraft.sources.lookup import LOOKUP_MAX
 from omnidraft.verify.proposal import Proposal
-from omnidraft.vocab.identity import vocab_fingerprint
+from omnidraft.identity import vocab_fingerprint
 
 if TYPE_CHECKING:
     from omnidraft.sources.policy import SourcePolicy

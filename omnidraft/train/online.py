@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from omnidraft.adapter import store
-from omnidraft.decode import DecodeObserver
+from omnidraft.observer import DecodeObserver
 from omnidraft.train.background import BackgroundTrainer, TrainerSetup
 from omnidraft.train.config import TrainConfig
 from omnidraft.train.records import (

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from omnidraft.decode import DecodeObserver
+from omnidraft.observer import DecodeObserver
 from omnidraft.target.base import RowRequest, SparseRows
 from omnidraft.vocab.bridge import VocabBridge
 
