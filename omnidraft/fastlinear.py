@@ -1,17 +1,16 @@
 """Faster fp32 Linear layers for the shapes speculative decoding produces on a CPU.
 
-Verifying k drafted tokens runs every Linear on a skinny input (2 <= rows <= ~16). On this CPU
-torch's ``F.linear`` (x @ W^T) handles that shape badly: measured on 2 cores, Qwen2.5-0.5B's LM
-head (151,936 x 896) takes 111 ms for 5 rows against 35 ms for one, although the weights are read
-once either way. Computing the same product as (W @ x^T)^T takes 34 ms for 5 rows: the weights
-stream through once, as in the one-row case. The drafter's hot path is the one-row case, where
-``x @ W_t`` with a transposed copy of the LM head beats ``F.linear`` (21 ms vs 35 ms there).
+Verifying k drafted tokens runs every Linear on a skinny input (2 <= rows <= ~16). On some CPUs
+torch's ``F.linear`` (x @ W^T) handles that shape badly: a few rows can cost several times one
+row, although the weights are read once either way. Computing the same product as (W @ x^T)^T
+streams the weights through once, as in the one-row case. The drafter's hot path is the one-row
+case, where ``x @ W_t`` with a transposed copy of the LM head can beat ``F.linear``.
 
-Which kernel wins depends on the CPU: on a later machine (Sapphire Rapids, AVX-512) F.linear took
-19.5 ms for 2 rows of that head and (W @ x^T)^T 45 ms, and on another a single row took 30 ms
-while two took 13.6 ms (a one-column product runs as a single-threaded GEMV there). So each
-(weight shape, rows) pair picks its kernel by timing the candidates once, on first use, in this
-process (:func:`_choose`); a one-row input may also run as two identical rows.
+Which kernel wins depends on the CPU (on one, F.linear is the fastest for two rows; on another a
+one-column product runs as a single-threaded GEMV and two rows are faster than one; the measured
+cases are in NOTES.md and docs/performance.md). So each (weight shape, rows) pair picks its kernel
+by timing the candidates once, on first use, in this process (:func:`_choose`); a one-row input may
+also run as two identical rows.
 
 Same dtype, same weights, only the order of floating-point additions changes — as it does between
 any two GEMM kernels. The fast paths are active only inside :func:`enabled` (the decode engine
@@ -59,8 +58,8 @@ def _transposed(layer: torch.nn.Linear, flat: torch.Tensor) -> torch.Tensor:
 
 
 def _two_rows(layer: torch.nn.Linear, flat: torch.Tensor) -> torch.Tensor:
-    """One row computed as two: torch sends a one-column product to a GEMV that ran single-threaded
-    on the Sapphire Rapids host (Qwen2.5-0.5B's LM head: 30 ms for one row, 13.6 ms for two)."""
+    """One row computed as two: torch may send a one-column product to a GEMV that runs
+    single-threaded, while a two-column product uses every core."""
     return torch.mm(layer.weight, torch.cat([flat, flat]).t())[:, :1].t().contiguous()
 
 
@@ -69,9 +68,9 @@ _EVICT_BYTES = 256 * 2**20  # more than any CPU's last-level cache
 
 def _evict_caches(buffer: torch.Tensor) -> None:
     """Write a buffer larger than the CPU caches, so the next timing reads its weights from memory,
-    as a decode step does (a model's weights do not fit in cache). Timed hot, a one-row product
-    looks as fast single-threaded as the two-row one that uses both cores; cold, it is 2x slower
-    (Qwen2.5-0.5B: a plain step 68 ms with the kernels picked hot, 60 ms picked cold)."""
+    as a decode step does (a model's weights do not fit in cache). Timed hot, a single-threaded
+    one-row product can look as fast as the two-row one that uses every core, and the slower
+    kernel would be chosen for every plain step."""
     buffer.fill_(1.0)
 
 

@@ -73,8 +73,8 @@ class RemoteOptions:
 
 def resolve_engine(spec: str, engine: str, dtype: str = "float32") -> str:
     """``auto``: llama.cpp for a GGUF target (a builtin or a .gguf file) when llama-cpp-python is
-    installed and no torch dtype was asked for (it runs them 4-6x faster than our fp32 torch
-    engine, see docs/performance.md), else torch."""
+    installed and no torch dtype was asked for (its quantized CPU kernels run them faster than our
+    fp32 torch engine, docs/performance.md has the numbers), else torch."""
     if engine not in ENGINES:
         raise OmnidraftError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
     if spec.startswith(("grpc://", "grpcs://")):

@@ -11,9 +11,9 @@ a logistic regression on those two plus a small MLP on the (layer-normed) hidden
 layer starts at zero; the regression starts at P(accept) = max q. So an untrained head is the plain
 confidence rule under eq. (7), and the first updates, which have a few hundred labels, only have to
 calibrate two weights; the MLP then learns *where* this drafter disagrees with this target (code
-indentation, names, list markers) as labels accumulate. (Measured on Alpaca with the untrained
-drafter: max q alone separates accepted from rejected tokens with AUC 0.89; a head over the raw
-hidden state alone was at 0.55-0.70 after 16 prompts.)
+indentation, names, list markers) as labels accumulate. (Why it starts from max q: on the untrained
+drafter max q alone already separates accepted from rejected tokens well, while a head over the
+raw hidden state learns little from a few hundred labels; NOTES.md has the measurements.)
 
 Labels (Algorithm 3, line 9) are min(1, p(y)/q(y)) for the drafter's own greedy proposal. Under
 greedy verification p is one-hot on the target's token, so the label is 1 when the current drafter's

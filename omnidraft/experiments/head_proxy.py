@@ -6,8 +6,8 @@ trained drafter's label at every emitted position (1: its greedy token is the ta
 acceptance head's P(accept) there are enough to replay decoding: from each step's start, draft
 until the policy stops (or k), accept the leading run of 1s, emit one more token, go on. Time per
 step is one target forward plus ``--draft-cost`` per drafted token (drafter step / verify pass,
-0.21 for SmolLM2 bf16 → Qwen-0.5B on 2 cores), so "speedup" = tokens / time against one forward
-per token. It predicted the README's real run within 2–3% (1.58× → 2.03× against 1.54× → 2.05×).
+measured on the machine the proxy stands for), so "speedup" = tokens / time against one forward
+per token. How closely it predicted the README's real run is in NOTES.md.
 
     .venv/bin/python scripts/head_proxy.py --target builtin:qwen2.5-coder-0.5b --set alpaca \\
         --stream 0:200 --held-out 200:216 --records bench_out/records.pt --out bench_out/head-proxy

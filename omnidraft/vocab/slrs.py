@@ -35,16 +35,21 @@ from __future__ import annotations
 import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from omnidraft.drafter.base import Draft
-from omnidraft.drafter.policy import Sampler
+from omnidraft.drafter.policy import Sampler, StopRule
 from omnidraft.errors import OmnidraftError
 from omnidraft.ngram.trie import NgramCache
 from omnidraft.verify.sampling import draw, probs_from_logits
 from omnidraft.vocab.bridge import Translation, VocabBridge
 from omnidraft.vocab.reverse import DrafterContext
+from omnidraft.vocab.translate import _FixedBias
+
+if TYPE_CHECKING:
+    from omnidraft.drafter import Drafter
 
 MAX_FORWARDS = 64  # most drafter forwards one ψ(t) may need before a lookahead is refused
 
@@ -290,7 +295,7 @@ class StringTranslator:
     """The ``slrs`` rule's translation (see the module docstring)."""
 
     def __init__(self, bridge: VocabBridge, target_vocab_size: int, learn: NgramCache | None = None,
-                 lookahead: int = 1, drafter=None) -> None:
+                 lookahead: int = 1, drafter: Drafter | None = None) -> None:
         if lookahead < 1:
             raise OmnidraftError("the SLRS lookahead must be at least 1")
         self.bridge, self.learn, self.lookahead, self.drafter = bridge, learn, lookahead, drafter
@@ -308,12 +313,10 @@ class StringTranslator:
         self._base = base
         return StringSampler(base, self) if self.whole_rows else Sampler(base.temperature, base.top_p, True, base.generator)
 
-    def stop_rule(self, default):
+    def stop_rule(self, default: StopRule) -> StopRule:
         return default if self.whole_rows else Lookahead(self.index, self.lookahead)
 
-    def constraint(self, vocab_size: int):
-        from omnidraft.vocab.translate import _FixedBias
-
+    def constraint(self, vocab_size: int) -> _FixedBias:
         if self._bias is None or len(self._bias) != vocab_size:
             ok = self.index.first[:vocab_size] >= 0
             bias = torch.full((vocab_size,), float("-inf"))

@@ -15,7 +15,10 @@ Two strategies behind one interface (:class:`Translator`):
   sampled in *target* ids; each one is fed back to the drafter as its drafter spelling.
 - ``slrs.py``'s string translator (SLRS): the drafted string's first target token.
 
-Both keep the drafter's context in step with what the target emitted (reverse translation,
+The token and RDK translators share :class:`DirectMapping` (the TLI restriction and q moved onto
+target ids) as a part, not as a parent. What the verification rules see of a translator is declared
+in ``omnidraft/verify/proposal.py`` (q' in target space); what the drafter sees is its sampler,
+constraint and stop rule. All keep the drafter's context in step with what the target emitted (reverse translation,
 Algorithm 1 lines 17-19) and learn n-grams on the way when given a cache to learn into.
 """
 
@@ -27,22 +30,25 @@ from typing import Protocol
 import torch
 
 from omnidraft.drafter.base import Draft
-from omnidraft.drafter.policy import Sampler
+from omnidraft.drafter.policy import DraftConstraint, Sampler, StopRule
 from omnidraft.ngram.trie import NgramCache, TrieNode
 from omnidraft.verify.sampling import draw, probs_from_logits
+from omnidraft.vocab.affinity import DEFAULT_TAU, kernel_for
 from omnidraft.vocab.bridge import Translation, VocabBridge
 from omnidraft.vocab.reverse import DrafterContext, drafted_inside
 
 
 class Translator(Protocol):
+    """Drafter tokens <-> target tokens for one kind of translation (and how the drafter drafts for it)."""
+
     def sampler(self, base: Sampler) -> Sampler:
         """How the drafter picks its tokens under this translation (most keep ``base``)."""
 
-    def stop_rule(self, default):
+    def stop_rule(self, default: StopRule) -> StopRule:
         """When a draft ends (most keep the draft policy's ``default``)."""
 
-    def constraint(self, vocab_size: int):
-        """The drafter's constraint for one draft (``omnidraft.drafter.policy.DraftConstraint``)."""
+    def constraint(self, vocab_size: int) -> DraftConstraint:
+        """The drafter's constraint for one draft."""
 
     def forward(self, context: Sequence[int], draft: Draft) -> Translation:
         """Target tokens for a draft, after the target-token ``context``."""
@@ -61,6 +67,8 @@ class Translator(Protocol):
 
 
 class _FixedBias:
+    """A constraint that is the same at every drafted position."""
+
     def __init__(self, bias: torch.Tensor) -> None:
         self._bias = bias
 
@@ -84,7 +92,7 @@ class TextTranslator:
     def sampler(self, base: Sampler) -> Sampler:
         return base
 
-    def stop_rule(self, default):
+    def stop_rule(self, default: StopRule) -> StopRule:
         return default
 
     def constraint(self, vocab_size: int) -> _FixedBias:
@@ -120,6 +128,33 @@ class TextTranslator:
 
 
 # ---------------------------------------------------------------- tokens (eq. (1)/(2))
+
+
+class DirectMapping:
+    """The direct-mapping table of a pair as the drafter and the sampling rules use it: which
+    drafter tokens it carries (TLI's restriction) and q moved onto their target partners."""
+
+    def __init__(self, bridge: VocabBridge, target_vocab_size: int) -> None:
+        self.bridge, self.target_vocab_size = bridge, target_vocab_size
+        src = torch.nonzero(bridge.d2t >= 0).flatten()
+        tgt = bridge.d2t[src]
+        keep = tgt < target_vocab_size
+        self._src, self._tgt = src[keep], tgt[keep]
+        self._bias: torch.Tensor | None = None
+
+    def bias(self, vocab_size: int) -> torch.Tensor:
+        """0 on direct-mapped drafter tokens, -inf elsewhere (the TLI restriction)."""
+        if self._bias is None or len(self._bias) != vocab_size:
+            bias = torch.full((vocab_size,), float("-inf"))
+            bias[: len(self.bridge.dm_bias)] = self.bridge.dm_bias[:vocab_size]
+            self._bias = bias
+        return self._bias
+
+    def target_probs(self, row: torch.Tensor) -> torch.Tensor:
+        """Drafter distribution moved onto the target vocabulary through the direct mapping."""
+        q_t = torch.zeros(self.target_vocab_size, dtype=row.dtype)
+        q_t.index_add_(0, self._tgt, row[self._src])
+        return q_t
 
 
 class _TokenConstraint:
@@ -160,28 +195,22 @@ class TokenTranslator:
                  learn: NgramCache | None = None) -> None:
         self.bridge, self.propose, self.learn = bridge, propose, learn
         self.target_vocab_size = target_vocab_size
-        src = torch.nonzero(bridge.d2t >= 0).flatten()
-        tgt = bridge.d2t[src]
-        keep = tgt < target_vocab_size
-        self._dm_src, self._dm_tgt = src[keep], tgt[keep]
+        self.dm = DirectMapping(bridge, target_vocab_size)
         # Memo of root_extras, keyed by the cache object *and* its version: one bridge serves
         # several caches (bench modes), whose versions can coincide while their keys differ.
         self._root_key: tuple[int, int] | None = None
         self._root_extra = torch.empty(0, dtype=torch.long)
-        self._dm_bias: torch.Tensor | None = None
 
     def dm_bias(self, vocab_size: int) -> torch.Tensor:
-        """0 on direct-mapped drafter tokens, -inf elsewhere (the TLI restriction)."""
-        if self._dm_bias is None or len(self._dm_bias) != vocab_size:
-            bias = torch.full((vocab_size,), float("-inf"))
-            bias[: len(self.bridge.dm_bias)] = self.bridge.dm_bias[:vocab_size]
-            self._dm_bias = bias
-        return self._dm_bias
+        return self.dm.bias(vocab_size)
+
+    def dm_target_probs(self, row: torch.Tensor) -> torch.Tensor:
+        return self.dm.target_probs(row)
 
     def sampler(self, base: Sampler) -> Sampler:
         return base
 
-    def stop_rule(self, default):
+    def stop_rule(self, default: StopRule) -> StopRule:
         return default
 
     def root_extras(self, vocab_size: int) -> torch.Tensor:
@@ -248,12 +277,6 @@ class TokenTranslator:
             return self.dm_target_probs(draft.q[tr.drafted_used])
         return None
 
-    def dm_target_probs(self, row: torch.Tensor) -> torch.Tensor:
-        """Drafter distribution moved onto the target vocabulary through the direct mapping."""
-        q_t = torch.zeros(self.target_vocab_size, dtype=row.dtype)
-        q_t.index_add_(0, self._dm_tgt, row[self._dm_src])
-        return q_t
-
 
 # ---------------------------------------------------------------- RDK (out-of-vocabulary sampling)
 
@@ -269,25 +292,31 @@ class RedistributingSampler(Sampler):
 
     def choose(self, masked: torch.Tensor) -> tuple[int, torch.Tensor]:
         q = probs_from_logits(masked, self.temperature, self.top_p)
-        p_prime = self.translator.kernel.redistribute(self.translator.dm_target_probs(q))
+        p_prime = self.translator.kernel.redistribute(self.translator.dm.target_probs(q))
         return draw(p_prime, self.generator), p_prime
 
     def feed(self, token: int) -> list[int]:
         return self.translator.bridge.spelling(token)
 
 
-class RedistributingTranslator(TokenTranslator):
+class RedistributingTranslator:
     """The ``rdk`` rule's translation: drafts are target ids already (see RedistributingSampler)."""
 
     def __init__(self, bridge: VocabBridge, target_vocab_size: int, learn: NgramCache | None = None,
                  tau: float | None = None) -> None:
-        from omnidraft.vocab.affinity import DEFAULT_TAU, kernel_for
-
-        super().__init__(bridge, target_vocab_size, None, learn)
+        self.bridge, self.learn = bridge, learn
+        self.dm = DirectMapping(bridge, target_vocab_size)
         self.kernel = kernel_for(bridge, DEFAULT_TAU if tau is None else tau)
 
     def sampler(self, base: Sampler) -> Sampler:
         return RedistributingSampler(base, self)
+
+    def stop_rule(self, default: StopRule) -> StopRule:
+        return default
+
+    def constraint(self, vocab_size: int) -> _FixedBias:
+        """The direct-mapped drafter tokens (the intersection q is restricted to before redistribution)."""
+        return _FixedBias(self.dm.bias(vocab_size))
 
     def forward(self, context: Sequence[int], draft: Draft) -> Translation:
         k = len(draft.tokens)
