@@ -73,7 +73,7 @@ def run_case(target_spec: str, engine: str, prompts: list[tuple[str, bool]], con
               f"{s.tokens_per_target_forward:.2f} tokens per target forward]")
     policy = pipe.decoder.cost_policy
     print(f"policy: target verify ms by proposals {policy.cost_table_ms()}, drafter "
-          f"{policy.draft.seconds_per_token * 1000:.1f} ms/token")
+          f"{policy.draft_cost.seconds_per_token * 1000:.1f} ms/token")
     return identical
 
 

@@ -7,7 +7,7 @@ One step (:meth:`SpeculativeDecoder.step`), top to bottom:
    takes proposes up to k target ids. None: a plain target step;
 2. verify: one target forward scores the unread context and the proposals, and the verification
    rule keeps n of them and picks the next token (where the target runs: ``target/base.py``);
-3. accept: the kept proposals plus that token, cut at end-of-sequence and at the token budget;
+3. accept: the kept proposals plus that token, cut at end-of-sequence and at ``max_new_tokens``;
 4. context sync: every source follows the emitted text (the drafter's context by reverse
    translation), and the one that drafted learns from the verdict.
 
@@ -233,7 +233,7 @@ class SpeculativeDecoder:
         t0 = time.perf_counter()
         verdict = self.verifier.verify(ids, proposal, config, rows)
         times.verify_s = time.perf_counter() - t0
-        # 3) accept: the proposals the rule kept, then its own token; cut at end-of-sequence and the budget
+        # 3) accept: the proposals the rule kept, then its own token; cut at end-of-sequence and max_new_tokens
         proposed = proposal.proposed if proposal is not None else []
         emitted, done = self._cut(proposed[: verdict.accepted] + [verdict.next_token], remaining)
         step = StepResult(source.name if source else None, offer.key if source else "", bool(source and source.free),
@@ -247,7 +247,7 @@ class SpeculativeDecoder:
         return step
 
     def _cut(self, emitted: list[int], remaining: int) -> tuple[list[int], bool]:
-        """Cut at the first end-of-sequence token and at the token budget."""
+        """Cut at the first end-of-sequence token and after ``remaining`` tokens."""
         for j, tok in enumerate(emitted):
             if tok in self.target.eos_ids:
                 return emitted[: j + 1][:remaining], True

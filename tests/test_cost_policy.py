@@ -24,7 +24,7 @@ LLAMA_CPP = {0: 0.020, 1: 0.037, 3: 0.051, 7: 0.087}  # Qwen-0.5B on llama.cpp: 
 
 def measured_policy(verify: VerifyCosts, drafter_s: float) -> CostPolicy:
     b = CostPolicy()
-    b.verify, b.draft = verify, DraftCost(drafter_s)
+    b.verify_costs, b.draft_cost = verify, DraftCost(drafter_s)
     return b
 
 
@@ -131,7 +131,7 @@ def test_costs_are_measured_at_the_first_request_and_timed_apart_from_it():
     first = decoder.generate(prompt, config)
     table = decoder.cost_policy.cost_table_ms()
     assert set(table) >= {0, 1, 2, 4, 8} and all(v > 0 for v in table.values())
-    assert decoder.cost_policy.draft.seconds_per_token > 0
+    assert decoder.cost_policy.draft_cost.seconds_per_token > 0
     # the one-time measurement is reported on its own, not in the request's tok/s, and the engines
     # it used were reset: the request reads its prompt itself and decodes what the target alone does
     assert first.stats.measure_s > 0 and first.token_ids == expected
@@ -147,8 +147,8 @@ def test_what_a_process_measured_is_kept_for_the_next_one(tmp_path):
     first.save()
     again = CostPolicy()
     again.keep_at(path)
-    assert again.measured and again.verify.table == first.verify.table
-    assert again.draft.seconds_per_token == 0.030 and again.stats.rates(4) == first.stats.rates(4)
+    assert again.measured and again.verify_costs.table == first.verify_costs.table
+    assert again.draft_cost.seconds_per_token == 0.030 and again.stats.rates(4) == first.stats.rates(4)
     path.write_text('{"format": 1, "verify_s": {"0": -1}, "draft_s": "x"}')  # damaged: measured anew, no error
     fresh = CostPolicy()
     fresh.keep_at(path)

@@ -80,9 +80,9 @@ def test_the_cost_policy_does_not_draft_at_a_loss_on_llama_cpp(llama_pair):
         assert got == plain  # one-token evals only: exactly the target alone
     else:  # it drafted (prompt lookup, or a fast drafter on this machine): batched verifies, see above
         assert_same_up_to_a_near_tie(target, ids, got, plain, spec)
-    budget = decoder.cost_policy
-    assert budget.measured and budget.draft.seconds_per_token > 0 and budget.verify(0) > 0
-    if budget.draft.seconds_per_token > budget.verify(0):
+    policy = decoder.cost_policy
+    assert policy.measured and policy.draft_cost.seconds_per_token > 0 and policy.verify_costs(0) > 0
+    if policy.draft_cost.seconds_per_token > policy.verify_costs(0):
         assert decoder.stats.drafted_tokens == 0  # the drafter never ran (free lookup drafts may)
 
 

@@ -346,7 +346,7 @@ def policy_report(mode_fns: dict[str, ModeFn]) -> dict[str, dict]:
         policy = getattr(getattr(fn, "decoder", None), "cost_policy", None)
         if policy is not None and policy.measured:
             out[mode] = {"verify_ms_by_proposals": policy.cost_table_ms(),
-                         "draft_ms_per_token": round(policy.draft.seconds_per_token * 1000, 2),
+                         "draft_ms_per_token": round(policy.draft_cost.seconds_per_token * 1000, 2),
                          "budget_choices": dict(sorted(policy.choices.items()))}
     return out
 

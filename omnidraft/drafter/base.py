@@ -20,7 +20,7 @@ class Draft:
     tokens: list[int]
     q: torch.Tensor | None  # [len(tokens), drafter vocab] when the verification rule needs it, else None
     context: Sequence[int] = ()  # the drafter ids it continues (what a rule that re-queries the drafter needs)
-    limit: int = 0  # the budget it was drafted under
+    limit: int = 0  # the most tokens it could have had (the k it was drafted with)
 
 
 class DraftLM(Protocol):

@@ -33,9 +33,10 @@ class Drafter:
     def reset(self) -> None:
         self.lm.reset()
 
-    def window(self, context: Sequence[int], budget: int) -> Sequence[int]:
-        """The part of ``context`` the drafter reads: all of it, or a sliding window at its limit."""
-        size = self.lm.max_positions - budget - WINDOW_MARGIN
+    def window(self, context: Sequence[int], k: int) -> Sequence[int]:
+        """The part of ``context`` the drafter reads before drafting up to ``k`` tokens: all of it,
+        or a sliding window at its limit."""
+        size = self.lm.max_positions - k - WINDOW_MARGIN
         if len(context) <= size:
             return context
         step = max(size // 4, 1)
@@ -43,15 +44,15 @@ class Drafter:
         return context[start:]
 
     @torch.inference_mode()
-    def draft(self, context: Sequence[int], budget: int, policy: DraftPolicy) -> Draft:
-        """Draft up to ``budget`` tokens after ``context`` (drafter ids) under ``policy``."""
+    def draft(self, context: Sequence[int], k: int, policy: DraftPolicy) -> Draft:
+        """Draft up to ``k`` tokens after ``context`` (drafter ids) under ``policy``."""
         tokens: list[int] = []
         qs: list[torch.Tensor] = []
         policy.constraint.start()
         policy.stop.start()
-        window = self.window(context, budget)
+        window = self.window(context, k)
         logits = self.lm.logits_for(window)
-        for step in range(budget):
+        for step in range(k):
             masked = logits + policy.constraint.bias()
             token, q = policy.sampler.choose(masked)
             stop = policy.stop.stop_after(token, masked, q, self.lm.last_hidden, logits)
@@ -60,8 +61,8 @@ class Drafter:
                 qs.append(q)
             policy.constraint.advance(token)
             feed = policy.sampler.feed(token)
-            if stop or not feed or any(d in self.stop_ids for d in feed) or step == budget - 1:
+            if stop or not feed or any(d in self.stop_ids for d in feed) or step == k - 1:
                 break
             for d in feed:
                 logits = self.lm.step(d)
-        return Draft(tokens, torch.stack(qs) if qs else None, window, budget)
+        return Draft(tokens, torch.stack(qs) if qs else None, window, k)

@@ -68,7 +68,7 @@ class StopRule(Protocol):
 
 
 class FixedLength:
-    """Always draft the whole budget (the paper's SpD setting, Algorithm 1)."""
+    """Always draft all k tokens (the paper's SpD setting, Algorithm 1)."""
 
     def start(self) -> None:
         pass

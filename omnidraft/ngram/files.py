@@ -8,7 +8,7 @@ file must not be able to run code when it is loaded). See ``cache_store/README.m
 A file sqlite cannot read ("corrupt") or that belongs to another pair or program ("foreign") is
 renamed aside with its side files, never deleted and never half-used.
 
-The prompt-lookup history (``drafter/history.py``) lives in the same folder, one file per target
+The prompt-lookup history (``sources/history.py``) lives in the same folder, one file per target
 tokenizer named ``lookup-<target fingerprint[:16]>.sqlite3`` (not ``*.sqlite``: that glob means a
 pair cache). Its layout and checks are here too, so that ``omnidraft cache`` lists and removes it
 without importing the drafter (and torch).

@@ -64,7 +64,7 @@ class StepResult:
     proposal: Proposal | None
     drafted: int  # tokens the source drafted in its own tokens (a lookup: the proposed ids)
     accepted: int  # proposals the rule kept
-    emitted: list[int]  # the accepted proposals and the target's own token, cut at EOS and the budget
+    emitted: list[int]  # the accepted proposals and the target's own token, cut at EOS and at max_new_tokens
     done: bool  # the request ends with this step
     rows: torch.Tensor | SparseRows | None  # the target's rows before each emitted token (observers)
     times: StepTimes

@@ -165,8 +165,8 @@ class CostPolicy:
     """The measured costs and acceptance statistics of one drafter–target pair on this machine."""
 
     def __init__(self, k_max: int = 16, path: Path | None = None) -> None:
-        self.verify: VerifyCosts | None = None
-        self.draft = DraftCost(alpha=0.1)
+        self.verify_costs: VerifyCosts | None = None
+        self.draft_cost = DraftCost(alpha=0.1)
         self.k_max = k_max
         self.acceptance: dict[str, AcceptanceStats] = {DRAFTER: AcceptanceStats(k_max, prior_mean=0.6, decay=0.995)}
         self.calibration = ConfidenceCalibration()
@@ -177,11 +177,11 @@ class CostPolicy:
 
     @property
     def measured(self) -> bool:
-        return self.verify is not None
+        return self.verify_costs is not None
 
     @property
     def needs_measuring(self) -> bool:
-        return self.verify is None
+        return self.verify_costs is None
 
     @property
     def stats(self) -> AcceptanceStats:
@@ -204,9 +204,9 @@ class CostPolicy:
         whole prompt. ``verifier``: the decoder's (a local engine, or a remote target whose round
         trip is part of V)."""
         t0 = time.perf_counter()
-        self.verify = VerifyCosts(self._time_verifies(verifier, prompt_ids))
+        self.verify_costs = VerifyCosts(self._time_verifies(verifier, prompt_ids))
         if drafter is not None:  # lookup drafting alone: nothing else to time
-            self.draft = DraftCost(self._time_drafter(drafter, DrafterContext(bridge, prompt_ids).ids), alpha=0.1)
+            self.draft_cost = DraftCost(self._time_drafter(drafter, DrafterContext(bridge, prompt_ids).ids), alpha=0.1)
             drafter.reset()
         verifier.reset()
         return time.perf_counter() - t0
@@ -244,8 +244,8 @@ class CostPolicy:
     def state(self) -> dict:
         lookups = {key: st for key, st in self.acceptance.items() if key != DRAFTER}
         return {"format": STATE_FORMAT,
-                "verify_s": {str(k): v for k, v in (self.verify.table.items() if self.verify else [])},
-                "draft_s": self.draft.seconds_per_token if self.draft.known else None,
+                "verify_s": {str(k): v for k, v in (self.verify_costs.table.items() if self.verify_costs else [])},
+                "draft_s": self.draft_cost.seconds_per_token if self.draft_cost.known else None,
                 "stats": {"tried": self.stats.tried, "accepted": self.stats.accepted},
                 "lookup": {key: {"tried": st.tried, "accepted": st.accepted} for key, st in lookups.items()},
                 "calibration": {"tried": self.calibration.tried, "accepted": self.calibration.accepted}}
@@ -266,7 +266,7 @@ class CostPolicy:
         lookup = self._restore_lookup(state.get("lookup"))
         if ok:
             self.acceptance.update(lookup)
-            self.verify, self.draft = verify, DraftCost(draft, alpha=0.1)
+            self.verify_costs, self.draft_cost = verify, DraftCost(draft, alpha=0.1)
             self.stats.tried, self.stats.accepted = tried, accepted
             self.calibration.tried, self.calibration.accepted = c_tried, c_accepted
         return ok
@@ -306,7 +306,7 @@ class CostPolicy:
             warn(f"could not keep the draft policy's measurements in {self.path}: {exc}")
 
     def cost_table_ms(self) -> dict[int, float]:
-        return {k: round(v * 1000, 2) for k, v in (self.verify.table.items() if self.verify else [])}
+        return {k: round(v * 1000, 2) for k, v in (self.verify_costs.table.items() if self.verify_costs else [])}
 
     # ---- decide
 
@@ -317,10 +317,10 @@ class CostPolicy:
         """How many tokens source ``key`` may draft this step (0: not this source). A source that
         drafts token by token (not ``free``) gets all of ``k_max`` once drafting pays at all: its
         stop rule, :meth:`stop_rule`, ends the draft where one more token stops paying."""
-        d = 0.0 if free else self.draft.seconds_per_token
-        verify = self._verify_costs()
-        k = best_draft_length(self.acceptance_for(key).rates(k_max), d, verify, k_max)
-        k = self.explorations[free].choose(k, k_max, lambda: best_draft_length(OPTIMISTIC_ACCEPTANCE, d, verify, k_max) > 0)
+        d = 0.0 if free else self.draft_cost.seconds_per_token
+        costs = self._capped_verify()
+        k = best_draft_length(self.acceptance_for(key).rates(k_max), d, costs, k_max)
+        k = self.explorations[free].choose(k, k_max, lambda: best_draft_length(OPTIMISTIC_ACCEPTANCE, d, costs, k_max) > 0)
         if free:
             return k
         self.choices[k] = self.choices.get(k, 0) + 1
@@ -331,13 +331,13 @@ class CostPolicy:
         return self._stop
 
     def sequence(self, k_max: int) -> SequentialDraft:
-        return SequentialDraft(self.draft.seconds_per_token, self._verify_costs(), k_max)
+        return SequentialDraft(self.draft_cost.seconds_per_token, self._capped_verify(), k_max)
 
-    def _verify_costs(self) -> Callable[[int], float]:
+    def _capped_verify(self) -> Callable[[int], float]:
         """V, with V(0) never above V(1): a policy that drafts observes no plain step, so a V(0) once
         inflated (a slow moment) would otherwise keep it drafting at a loss."""
-        v0_cap = self.verify(1)
-        return lambda k: min(self.verify(0), v0_cap) if k == 0 else self.verify(k)
+        v0_cap = self.verify_costs(1)
+        return lambda k: min(self.verify_costs(0), v0_cap) if k == 0 else self.verify_costs(k)
 
     # ---- learn
 
@@ -346,13 +346,13 @@ class CostPolicy:
         says nothing about V."""
         if step.source is None:  # a plain step
             if not reads_prompt:
-                self.verify.observe(0, step.verify_s)
+                self.verify_costs.observe(0, step.verify_s)
             return
         if not step.free:
-            self.draft.observe(step.drafted, step.draft_s)
+            self.draft_cost.observe(step.drafted, step.draft_s)
         if not reads_prompt:
-            self.verify.observe(step.proposed, step.verify_s)
-            paid = (step.kept + 1) * self._verify_costs()(0) >= step.draft_s + step.verify_s
+            self.verify_costs.observe(step.proposed, step.verify_s)
+            paid = (step.kept + 1) * self._capped_verify()(0) >= step.draft_s + step.verify_s
             self.explorations[step.free].settle(paid)
         self.acceptance_for(step.key).update(step.drafted, step.kept)
         probs = self._stop.probs if self._stop is not None and not step.free else []
