@@ -22,8 +22,6 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field, fields
 
-import torch
-
 from omnidraft.config import DecodeConfig
 from omnidraft.console import Utf8Stream
 from omnidraft.drafter import Drafter
@@ -213,21 +211,21 @@ class SpeculativeDecoder:
     def step(self, ids: list[int], sources: Sequence[DraftSource], policy: SourcePolicy, config: DecodeConfig,
              rows: RowRequest | None) -> StepResult:
         """One speculative step after the context ``ids`` (see the module docstring)."""
-        remaining = config.max_new_tokens - self.stats.new_tokens
+        room = config.max_new_tokens - self.stats.new_tokens - 1  # proposals that fit: the last token is the target's
         times = StepTimes()
-        # 1) draft: the first source whose offer the policy takes (none, or one token left: a plain step)
-        source, proposal, free_weighed = None, None, False
-        for candidate in sources if remaining > 1 else ():
+        # 1) draft: the first source whose offer the policy takes (none, or no room: a plain target step)
+        source, offer, proposal, free_weighed = None, None, None, False
+        for candidate in sources if room > 0 else ():
             if candidate.free and free_weighed:
                 continue  # of the free sources only the first match is weighed: the context before the history
-            offer = candidate.offer(ids, remaining - 1)
+            offer = candidate.offer(ids, room)
             if offer is None:
                 continue
             free_weighed |= candidate.free
             k = policy.allow(offer.key, candidate.free, offer.limit)
             if k:
                 source, proposal = candidate, candidate.draft(ids, offer, k, times)
-                proposal.proposed = proposal.proposed[: remaining - 1]  # the last token is the target's own
+                proposal.proposed = proposal.proposed[:room]
                 break
         # 2) verify: one target forward over the unread context and the proposals; the rule decides
         t0 = time.perf_counter()
@@ -235,10 +233,12 @@ class SpeculativeDecoder:
         times.verify_s = time.perf_counter() - t0
         # 3) accept: the proposals the rule kept, then its own token; cut at end-of-sequence and max_new_tokens
         proposed = proposal.proposed if proposal is not None else []
-        emitted, done = self._cut(proposed[: verdict.accepted] + [verdict.next_token], remaining)
-        step = StepResult(source.name if source else None, offer.key if source else "", bool(source and source.free),
-                          proposal, len(proposal.draft.tokens) if proposal and proposal.draft else len(proposed),
-                          verdict.accepted, emitted, done, verdict.rows, times, kept=verdict.accepted)
+        emitted, done = self._cut(proposed[: verdict.accepted] + [verdict.next_token], room + 1)
+        drafted = len(proposal.draft.tokens) if proposal is not None and proposal.draft is not None else len(proposed)
+        step = StepResult(source=source.name if source else None, key=offer.key if source else "",
+                          free=source is not None and source.free, proposal=proposal, drafted=drafted,
+                          accepted=verdict.accepted, emitted=emitted, done=done, rows=verdict.rows, times=times,
+                          kept=verdict.accepted)
         # 4) context sync: every source follows the text; the one that drafted learns from the verdict
         t1 = time.perf_counter()
         for s in sources:

@@ -21,7 +21,8 @@ import os
 import re
 import sqlite3
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -265,6 +266,22 @@ def initialize_store(path: Path, pair: str, busy_timeout: float = DEFAULT_BUSY_T
             raise
     finally:
         con.close()
+
+
+@contextmanager
+def immediate_transaction(run: Callable[[str], object]) -> Iterator[None]:
+    """BEGIN IMMEDIATE, the block, COMMIT, through ``run`` (a connection's statement runner). Any
+    error rolls back and propagates; a failed ROLLBACK only means no transaction was left."""
+    run("BEGIN IMMEDIATE")
+    try:
+        yield
+        run("COMMIT")
+    except BaseException:
+        try:
+            run("ROLLBACK")
+        except sqlite3.Error:
+            pass
+        raise
 
 
 def set_aside(path: Path, kind: str) -> Path | None:

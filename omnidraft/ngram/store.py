@@ -52,6 +52,7 @@ from omnidraft.ngram.files import (
     default_store_path,
     encode_key,
     encode_value,
+    immediate_transaction,
     initialize_store,
     inspect_store,
     is_busy,
@@ -316,8 +317,7 @@ class PersistentNgramCache(NgramTrie):
         """BEGIN IMMEDIATE; delete evicted keys; merge our deltas into the stored rows; trim the
         store to the cap; COMMIT. Memory is updated only after the commit succeeded."""
         conn = self._db.conn
-        conn.select_one("BEGIN IMMEDIATE")
-        try:
+        with immediate_transaction(conn.select_one):
             for raw in self._deleted:
                 conn.execute(f'DELETE FROM "{NGRAM_TABLE}" WHERE key = ?', (raw,))
             merged, inserted = self._merge(conn)
@@ -326,13 +326,6 @@ class PersistentNgramCache(NgramTrie):
             # Only inserts grow the table, and every writer checks after its own inserts, so the
             # cap holds after every commit without counting rows in every batch.
             trimmed = self._trim_store(conn) if inserted else []
-            conn.select_one("COMMIT")
-        except BaseException:
-            try:
-                conn.select_one("ROLLBACK")
-            except sqlite3.Error:
-                pass  # no transaction left to roll back
-            raise
         for key, meta in merged.items():
             current = self._meta.get(key)
             if current is not None:
@@ -403,17 +396,9 @@ class PersistentNgramCache(NgramTrie):
             raise OmnidraftError(f"n-gram cache {self.path} is read-only (frozen)")
         self.flush(attempts=_CLOSE_ATTEMPTS)  # so the count includes entries not written yet
         conn = self._db.conn
-        conn.select_one("BEGIN IMMEDIATE")
-        try:
+        with immediate_transaction(conn.select_one):
             count = conn.select_one(f'SELECT COUNT(*) FROM "{NGRAM_TABLE}"')[0]
             conn.execute(f'DELETE FROM "{NGRAM_TABLE}"')
-            conn.select_one("COMMIT")
-        except BaseException:
-            try:
-                conn.select_one("ROLLBACK")
-            except sqlite3.Error:
-                pass
-            raise
         self.root, self._size = TrieNode(), 0
         self.version += 1
         self._meta.clear()

@@ -47,6 +47,7 @@ from omnidraft.ngram.files import (
     decode_key,
     encode_key,
     history_path,
+    immediate_transaction,
     is_busy,
     is_corruption,
     report_problem,
@@ -281,8 +282,7 @@ class LookupHistory:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         con = connect(self.path, self.busy_timeout)
         try:
-            con.execute("BEGIN IMMEDIATE")
-            try:
+            with immediate_transaction(con.execute):
                 self._prepare(con)
                 con.executemany(f'DELETE FROM "{HISTORY_TABLE}" WHERE key = ?', [(k,) for k in self._deleted])
                 rows = [(self._encode(k), encode_key(_unpack(e.continuation)), e.last_used, e.hits)
@@ -290,13 +290,6 @@ class LookupHistory:
                 con.executemany(f'REPLACE INTO "{HISTORY_TABLE}" (key, continuation, last_used, hits) '
                                 'VALUES (?, ?, ?, ?)', rows)
                 trimmed = self._trim(con)
-                con.execute("COMMIT")
-            except BaseException:
-                try:
-                    con.execute("ROLLBACK")
-                except sqlite3.Error:
-                    pass  # no transaction left to roll back
-                raise
         finally:
             con.close()
         self._dirty.clear()
