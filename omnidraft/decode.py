@@ -32,7 +32,7 @@ from omnidraft.sources import SOURCES, DraftSource, Parts, StepResult, StepTimes
 from omnidraft.sources.history import LookupHistory
 from omnidraft.sources.policy import CostPolicy, NoCostPolicy, SourcePolicy
 from omnidraft.target import Target
-from omnidraft.target.base import LocalVerifier, RowRequest
+from omnidraft.target.base import LocalVerifier, RowRequest, Verifier
 from omnidraft.vocab.bridge import VocabBridge
 from omnidraft.vocab.token_bytes import build_token_table
 
@@ -108,7 +108,7 @@ class DecodeResult:
 class SpeculativeDecoder:
     """Target (+ draft sources) with the loop as a generator and as a call."""
 
-    def __init__(self, target: Target, drafter: Drafter | None = None,
+    def __init__(self, target: Target | Verifier, drafter: Drafter | None = None,
                  bridge: VocabBridge | None = None, ngrams: NgramCache | None = None, lookup: bool | None = None,
                  history: LookupHistory | None = None) -> None:
         """``lookup``: draft by prompt lookup where the config allows it (default: when there is a
@@ -119,7 +119,7 @@ class SpeculativeDecoder:
             raise ValueError("a drafter needs a vocabulary bridge and vice versa")
         self.target, self.drafter, self.bridge = target, drafter, bridge
         # Score and verify where the target runs: a remote target is its own verifier.
-        self.verifier = target if hasattr(target, "verify") else LocalVerifier(target)
+        self.verifier: Verifier = target if isinstance(target, Verifier) else LocalVerifier(target)
         self.ngrams = ngrams if ngrams is not None else (NgramTrie() if drafter is not None else None)
         self.stats = DecodeStats()
         self.observers: list[DecodeObserver] = []

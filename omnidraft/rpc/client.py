@@ -25,7 +25,6 @@ import uuid
 import zipfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 from urllib.parse import urlparse
 
 import grpc
@@ -37,6 +36,7 @@ from omnidraft.kv import common_prefix_len
 from omnidraft.rpc.proto import pb, services
 from omnidraft.target.base import RowRequest, SparseRows, Verdict
 from omnidraft.verify import IDS_ONLY_RULES
+from omnidraft.verify.proposal import Proposal, SamplingConfig
 
 SCHEMES = ("grpc://", "grpcs://")
 DEFAULT_DEADLINE_S = 30.0
@@ -84,7 +84,8 @@ class RemoteTarget:
 
     # ---- the verifier
 
-    def verify(self, ids: Sequence[int], proposal: Any, config: Any, rows: RowRequest | None) -> Verdict:
+    def verify(self, ids: Sequence[int], proposal: Proposal | None, config: SamplingConfig,
+               rows: RowRequest | None) -> Verdict:
         proposed = list(proposal.proposed)[: self.max_draft] if proposal is not None else []
         rule = config.verify if proposal is not None else ("greedy" if config.temperature <= 0 else "text-sample")
         request = pb.VerifyRequest(session_id=self.session_id, proposed=proposed, rule=rule,

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
@@ -75,6 +75,7 @@ class Verdict:
     rows: torch.Tensor | SparseRows | None  # row i is the target's view before emitted token i
 
 
+@runtime_checkable
 class Verifier(Protocol):
     """Scores a context plus proposals and applies the verification rule (config.verify)."""
 
