@@ -27,4 +27,4 @@ class DecodeObserver:
         """``logits[i]`` is the target's row that predicted ``emitted[i]``."""
 
     def on_finish(self) -> None:
-        """The request ended (finished, cut at the budget, or interrupted)."""
+        """The request ended (finished, cut at max_new_tokens, or interrupted)."""

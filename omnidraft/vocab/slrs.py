@@ -154,7 +154,7 @@ class StringSampler(Sampler):
 
 class Lookahead:
     """S_1 of Algorithm 3: stop once the first target token is settled, at a special token, or
-    after ``n`` drafter tokens (the drafter's budget may cut earlier; ψ uses the same limit)."""
+    after ``n`` drafter tokens (the draft's k may cut earlier; ψ uses the same limit)."""
 
     def __init__(self, index: StringIndex, n: int) -> None:
         self.index, self.n = index, n
