@@ -208,17 +208,20 @@ def onnx_export_for(drafter_spec: str, backend: str, home=None) -> Path | None:
 
     ``auto``: the drafter's export under ``<home>/export/`` when there is one (int8 first), else
     torch; ``onnx``: that export, or a one-line error saying how to make it; a folder: that export."""
+    from omnidraft.export.folder import settle
     from omnidraft.identity import spec_slug
 
     if backend == "torch":
         return None
     if backend not in ("auto", "onnx"):
         folder = Path(backend).expanduser()
+        settle(folder)
         if not (folder / "manifest.json").is_file():
             raise OmnidraftError(f"--drafter-backend {backend}: no omnidraft export there (run `omnidraft export --out {backend}`)")
         return folder
     for quant in ("int8", "fp32"):
         folder = home_dir(home) / "export" / f"{spec_slug(drafter_spec)}-{quant}"
+        settle(folder)  # an export killed mid-replace: put its old or new folder back before looking
         if (folder / "manifest.json").is_file():
             return folder
     if backend == "onnx":

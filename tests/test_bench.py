@@ -97,3 +97,16 @@ def test_bench_cli_smoke(tmp_path):
     assert modes["greedy"]["tokens_per_target_forward"] > 1.0
     assert (out / "results.md").read_text().count("\n|") >= 8
     assert (out / "speedup.png").stat().st_size > 1000 and (out / "time_split.png").stat().st_size > 1000
+
+
+def test_an_explicit_llama_engine_applies_to_modes_without_one():
+    """``--engine llamacpp --modes target,greedy`` runs on llama.cpp, never silently on torch, and a
+    torch-only mode under that flag is refused in one line."""
+    from omnidraft.cli.bench import on_engine
+    from omnidraft.errors import OmnidraftError
+
+    assert on_engine(["target", "greedy", "llamacpp"], "llamacpp") == ["target@llamacpp", "greedy@llamacpp", "llamacpp"]
+    assert on_engine(["target", "greedy@llamacpp"], "llamacpp") == ["target@llamacpp", "greedy@llamacpp"]
+    assert on_engine(["target", "greedy"], "torch") == ["target", "greedy"]
+    with pytest.raises(OmnidraftError, match="hf-uag, tli run only on torch"):
+        on_engine(["target", "hf-uag", "tli"], "llamacpp")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import DRAFTER, TEST_HOME
+from tiny_export import TAMPERS, tamper
 
 from omnidraft.config import DecodeConfig
 from omnidraft.decode import SpeculativeDecoder
@@ -175,7 +177,8 @@ def test_adapters_export_as_onnx_adapter_files_and_activate_per_run(exports, dra
     save(tmp_path / "pair", peft, {"identity": identity, "updates": 1})
     path = export_adapter(store.load(tmp_path / "pair", None), exports["fp32"], "pair")
     manifest = json.loads((exports["fp32"] / "manifest.json").read_text())
-    assert manifest["adapters"]["pair"]["file"] == "adapters/pair.onnx_adapter"
+    assert manifest["adapters"]["pair"]["file"] == f"adapters/{path.name}"
+    assert re.fullmatch(r"pair\.[0-9a-f]{16}\.onnx_adapter", path.name)  # named by content: see write_adapter
     ids = tok.encode(TEXT)[:24]
     lm = OrtCausalLM(exports["fp32"])
     lm.set_adapter_file(path)
@@ -234,3 +237,30 @@ def test_cli_export_then_generate_drafts_through_onnxruntime(tmp_path):
     truncated.write_bytes(truncated.read_bytes()[:1000])
     broken = run(*args)
     assert broken.returncode == 2 and "export again" in broken.stderr and "Traceback" not in broken.stderr
+
+
+# ---------------------------------------------------------------- the manifest against the graph (issue 29 #3)
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory) -> Path:
+    """A real export of a tiny random drafter (the same exporter and layout as the real one)."""
+    from tiny_export import build
+
+    return build(tmp_path_factory.mktemp("tiny"), 1)
+
+
+@pytest.mark.parametrize("how", TAMPERS)
+def test_a_tampered_manifest_is_one_line_before_any_use(tiny_folder, tmp_path, how):
+    import shutil
+
+    folder = tmp_path / "export"
+    shutil.copytree(tiny_folder, folder)
+    OrtCausalLM(folder)  # untampered: loads
+    manifest = json.loads((folder / "manifest.json").read_text())
+    tamper(manifest, how)
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(OmnidraftError) as err:
+        OrtCausalLM(folder)
+    message = str(err.value)
+    assert "\n" not in message and "manifest" in message and "export again" in message

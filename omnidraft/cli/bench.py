@@ -86,7 +86,23 @@ def parse_modes(args: argparse.Namespace) -> list[str]:
     unknown = [m for m in modes if m not in ALL_MODES]
     if unknown or not modes:
         raise OmnidraftError(f"unknown --modes {unknown or '(empty)'}; choose from {', '.join(ALL_MODES)}")
-    return modes
+    return on_engine(modes, args.engine) if args.modes else modes
+
+
+def on_engine(modes: list[str], engine: str) -> list[str]:
+    """An explicit ``--engine llamacpp`` applies to the modes that name no engine: ``greedy`` means
+    ``greedy@llamacpp`` there. A mode that exists only on torch (transformers' modes, the sampling
+    rules) is refused in one line rather than silently run on another engine."""
+    from omnidraft.bench.runner import LLAMA_MODES
+
+    if engine != "llamacpp":
+        return modes
+    moved = [m if m in LLAMA_MODES else f"{m}@llamacpp" for m in modes]
+    torch_only = [m for m, n in zip(modes, moved) if n not in LLAMA_MODES]
+    if torch_only:
+        raise OmnidraftError(f"--engine llamacpp: {', '.join(torch_only)} run only on torch; "
+                             f"on llama.cpp choose from {', '.join(LLAMA_MODES)} (or drop --engine)")
+    return list(dict.fromkeys(moved))
 
 
 def _validate(args: argparse.Namespace) -> list[str]:

@@ -47,13 +47,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     export.set_defaults(func=cmd_export)
 
 
-def _store_paths(pair: str | None) -> list[Path]:
-    """The stores a command works on; an unknown ``--pair`` is a user error. Creates nothing."""
+def _store_paths(pair: str | None, unusable: bool = False) -> list[Path]:
+    """The stores a command works on; an unknown ``--pair`` is a user error. Creates nothing.
+    ``unusable``: also what is named like a store but is no file (``stats`` reports it)."""
     from omnidraft.ngram.files import default_store_path, list_store_paths
     from omnidraft.identity import check_pair_id
 
     if pair is None:
-        return list_store_paths()
+        return list_store_paths(unusable=unusable)
     try:
         path = default_store_path(check_pair_id(pair))
     except ValueError as exc:
@@ -70,15 +71,23 @@ def _history_paths(pair: str | None) -> list[Path]:
     return list_history_paths() if pair is None else []
 
 
-def _open_frozen(path: Path):
-    """Open read-only; None (after one line on stderr) for a file not named like a store."""
+def _open_frozen(path: Path) -> tuple[Any, str | None]:
+    """Open read-only: (cache, None), or (None or an unused cache, the problem line printed on
+    stderr). The line says what ``generate`` would do with the file, and is the same text the JSON
+    report carries: a corrupt or foreign store (a writer moves it aside and starts empty), one that
+    is no file or cannot be read (``generate`` stops with that line), a name that is no pair id."""
     from omnidraft.ngram.store import PersistentNgramCache
 
     try:
-        return PersistentNgramCache(path, path.stem, frozen=True)
+        cache = PersistentNgramCache(path, path.stem, frozen=True)
     except ValueError as exc:
-        warn(f"skipping {path}: {exc}")
-        return None
+        line = f"skipping {path}: {exc}"
+    except OmnidraftError as exc:  # what inspect_store refuses before any sqlite: generate stops on it
+        line = f"{exc} (generate and chat stop on it)"
+    else:
+        return cache, cache.problem  # a problem was already printed (report_problem)
+    warn(line)
+    return None, line
 
 
 def _folder() -> Path:
@@ -100,10 +109,10 @@ def cmd_stats(args: argparse.Namespace) -> int:
     """Print per-store statistics (text or JSON); bad files are listed under ``problems``."""
     caches: list[dict[str, Any]] = []
     problems: list[dict[str, str]] = []
-    for path in _store_paths(args.pair):
-        cache = _open_frozen(path)
-        if cache is None or cache.problem:
-            problems.append({"path": str(path), "problem": cache.problem if cache else "not a store name"})
+    for path in _store_paths(args.pair, unusable=True):
+        cache, problem = _open_frozen(path)
+        if problem is not None:  # `is not None`: an empty cache object is falsy
+            problems.append({"path": str(path), "problem": problem})
             continue
         caches.append(cache.stats(top=args.top))
     histories = _history_stats(args.pair, problems)
@@ -112,7 +121,9 @@ def cmd_stats(args: argparse.Namespace) -> int:
         print(json.dumps(doc, indent=2))
         return 0
     if not caches:
-        print(f"no n-gram caches under {_folder()}")
+        unusable = [p for p in problems if not Path(p["path"]).name.startswith("lookup-")]
+        print(f"no usable n-gram caches under {_folder()} ({len(unusable)} reported above)" if unusable
+              else f"no n-gram caches under {_folder()}")
     for s in caches:
         _print_stats(s)
     for h in histories:
@@ -217,8 +228,8 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def _export_lines(pair: str | None):
     for path in _store_paths(pair):
-        cache = _open_frozen(path)
-        if cache is None:
+        cache, problem = _open_frozen(path)
+        if cache is None or problem is not None:
             continue
         for key, meta in sorted(cache.entries()):
             yield json.dumps({"pair_id": cache.pair_id, "drafter_ids": list(key), "target_id": meta.target,

@@ -23,7 +23,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--target", type=text, action="append", default=None,
                    help="write the vocabulary bridge for this target (repeatable; default: the builtin targets "
                         "and every target with a trained adapter)")
-    p.add_argument("--adapter", default=None,
+    p.add_argument("--adapter", type=text, default=None,
                    help="add or refresh adapters without re-exporting the graph: a pair folder name, or 'all'")
     p.add_argument("--out", type=Path, default=None, help="the export folder (default <home>/export/<drafter>-<quant>)")
     p.set_defaults(func=run)
@@ -37,23 +37,63 @@ def default_folder(drafter: str, quant: str) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
-    from omnidraft.adapter import store
+    """Export the drafter, or (``--adapter``) add trained adapters to an export, under the export's
+    lock, after finishing or cleaning up what an interrupted export left."""
+    from omnidraft.export.folder import holding, leftovers, recover
 
     out = args.out or default_folder(args.drafter, args.quant)
-    if args.adapter is not None:
+    if args.adapter is None:
+        from omnidraft import models
+
+        models.check_spec(args.drafter)  # before anything is locked or written
+    else:
+        names = _adapter_names(args.adapter)  # before anything is locked or written
+        if not out.is_dir() and not leftovers(out):
+            raise OmnidraftError(f"no export at {out}: run `omnidraft export` first (adapters go into an export)")
+    with holding(out):
+        for done in recover(out):
+            print(f"omnidraft: {done} (left by an interrupted export)", file=sys.stderr)
+        if args.adapter is None:
+            return _export_graph(args, out)
         if not out.is_dir():
             raise OmnidraftError(f"no export at {out}: run `omnidraft export` first (adapters go into an export)")
-        names = [p.name for p in store.list_pairs()] if args.adapter == "all" else [args.adapter]
         for name in names:
-            _export_adapter(out, name)
-        return 0
+            _export_adapter(out, name, quiet_if_empty=args.adapter == "all")
+    return 0
+
+
+def _adapter_names(given: str) -> list[str]:
+    """The pair folders ``--adapter`` designates: every real pair folder for 'all' (links out of the
+    home are skipped with a warning), else the one plain NAME, which must be a pair folder itself."""
+    from omnidraft.adapter import store
+    from omnidraft.console import warn
+    from omnidraft.export.manifest import check_name
+
+    if given == "all":
+        names = []
+        for folder in store.list_pairs():
+            if folder.is_symlink():
+                warn(f"skipping {folder}: a symbolic link, not an adapter folder of this home")
+            else:
+                names.append(folder.name)
+        return names
+    name = check_name(given, "--adapter")
+    folder = store.adapters_root() / name
+    if folder.is_symlink():
+        raise OmnidraftError(f"--adapter {name!r} is a symbolic link, not an adapter folder under {store.adapters_root()}")
+    return [name]
+
+
+def _export_graph(args: argparse.Namespace, out: Path) -> int:
     from omnidraft import models
+    from omnidraft.adapter import store
+    from omnidraft.export.folder import check_replaceable
     from omnidraft.export.onnx_export import export_drafter
     from omnidraft.kv import output_vocab_size
     from omnidraft.vocab.bridge import VocabBridge
     from omnidraft.identity import spec_slug
 
-    models.check_spec(args.drafter)
+    check_replaceable(out)  # before a minute of work, not after it
     model, tokenizer = models.load(args.drafter, dtype="float32")
     targets = args.target or [m.spec for m in models.BUILTINS.values() if m.name != "smollm2-135m"
                               and models.part_files(m) is not None]
@@ -67,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
     export_drafter(model, tokenizer, out, quant=args.quant, spec=args.drafter,
                    model_sha256=builtin.sha256 if builtin else "", bridges=bridges)
     for folder in store.list_pairs():
-        if folder.name.startswith(f"{spec_slug(args.drafter)}--"):
+        if folder.name.startswith(f"{spec_slug(args.drafter)}--") and not folder.is_symlink():
             _export_adapter(out, folder.name, quiet_if_empty=True)
     print(out)
     return 0

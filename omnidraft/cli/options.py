@@ -26,7 +26,7 @@ from omnidraft.config import (
 )
 from omnidraft.errors import OmnidraftError
 from omnidraft.train.config import DIVERGENCES, LOSS_KINDS, NGRAM_WEIGHTS, TrainConfig
-from omnidraft.verify import RULES, help_text
+from omnidraft.verify import MIN_TEMPERATURE, RULES, help_text
 
 DEFAULT_DRAFTER = "builtin:smollm2-135m"
 DEFAULT_TARGET = "builtin:qwen2.5-coder-0.5b"
@@ -74,6 +74,26 @@ def number(low: float | None = None, high: float | None = None, *, low_open: boo
             lo = "" if low is None else f"{'>' if low_open else '>='} {low:g}"
             hi = "" if high is None else f"{'<' if high_open else '<='} {high:g}"
             raise argparse.ArgumentTypeError(f"{value:g} is out of range (must be {' and '.join(x for x in (lo, hi) if x)})")
+        return value
+
+    parse.__name__ = "number"
+    return parse
+
+
+def temperature(high: float | None = None, *, zero: bool = True) -> Callable[[str], float]:
+    """A sampling temperature: 0 (greedy, when ``zero``) or at least ``MIN_TEMPERATURE``.
+
+    Below it there is nothing left to sample: logits divided by a subnormal temperature overflow,
+    and a temperature that small is greedy decoding in all but name. So it is refused in one line
+    (with what to give instead) rather than turned into garbage or silently into greedy."""
+    check = number(0, high, low_open=not zero)
+
+    def parse(text: str) -> float:
+        value = check(text)
+        if 0 < value < MIN_TEMPERATURE:
+            instead = "0 for greedy decoding" if zero else f"at least {MIN_TEMPERATURE:g}"
+            raise argparse.ArgumentTypeError(f"{value:g} is too small a temperature to sample with "
+                                             f"(below {MIN_TEMPERATURE:g}); give {instead}")
         return value
 
     parse.__name__ = "number"
@@ -136,7 +156,7 @@ def add_model_options(parser: argparse.ArgumentParser, *, target: bool = True, d
 
 _DECODE_FLAGS: dict[str, tuple[Callable[[str], Any] | None, str]] = {
     "max_new_tokens": (COUNT, "most new tokens"),
-    "temperature": (number(0), "sampling temperature (0: greedy)"),
+    "temperature": (temperature(), "sampling temperature (0: greedy; else at least 1e-4)"),
     "top_p": (number(0, 1, low_open=True), "nucleus sampling mass, applied to target and drafter alike"),
     "verify": (None, "verification rule; default greedy at temperature 0, else text-sample (the fastest exact rule)"),
     "draft_len": (COUNT, "most drafter tokens per step (k)"),
@@ -221,7 +241,7 @@ _TRAIN_FLAGS: dict[str, tuple[Callable[[str], Any] | None, str]] = {
     "batch_size": (integer(1, 4096), "prompts per optimizer step"),
     "epochs": (integer(1, 100), "passes over the buffer per update (Algorithm 2 makes one)"),
     "divergence": (None, "at DM positions: reverse-kl (eq. 4), forward-kl, or tvd"),
-    "target_temperature": (number(0, 100, low_open=True), "distil towards the target's distribution at this temperature"),
+    "target_temperature": (temperature(100, zero=False), "distil towards the target's distribution at this temperature"),
     "rank": (integer(1, 1024), "LoRA rank"),
     "alpha": (number(0, low_open=True), "LoRA alpha; scaling = alpha/rank"),
     "head": (None, "train the acceptance head beside the adapter (§3.3, Algorithm 3)"),

@@ -15,7 +15,8 @@ from pathlib import Path
 import numpy as np
 
 from omnidraft.errors import OmnidraftError
-from omnidraft.export.onnx_export import MODEL, read_manifest
+from omnidraft.export.folder import settle
+from omnidraft.export.manifest import MODEL, check_graph, read_manifest, session_signature
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -34,7 +35,8 @@ class OrtCausalLM:
         import onnxruntime as ort
 
         self.folder = Path(folder)
-        self.manifest = read_manifest(self.folder)
+        settle(self.folder)  # an export killed mid-replace left the old or the new one beside it
+        self.manifest = read_manifest(self.folder)  # every field checked before any is used
         options = ort.SessionOptions()
         options.log_severity_level = 3  # the LoRA inputs' defaults are initializers on purpose: no warning per input
         options.intra_op_num_threads = threads
@@ -50,6 +52,7 @@ class OrtCausalLM:
             raise OmnidraftError(f"onnxruntime cannot load the export in {self.folder} "
                                  f"({exc.__class__.__name__}: {str(exc).splitlines()[0][:120]}); export again") from None
         m = self.manifest
+        check_graph(m, self.folder, *session_signature(self.session))  # layers, heads, head_dim, LoRA inputs
         self.layers, self.vocab_size, self.hidden_size = m["layers"], m["vocab_size"], m["hidden_size"]
         self.max_positions = m["max_positions"]
         self._kv_names = [f"past_key_values.{i}.{w}" for i in range(self.layers) for w in ("key", "value")]

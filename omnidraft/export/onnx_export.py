@@ -8,8 +8,8 @@ One folder per (drafter, quant) under ``<home>/export/``:
     tokenizer.json …        the drafter's tokenizer files
     bridge/<target>/        the vocabulary bridge per target: d2t.npy (drafter id -> target id, -1: none),
                             t2d.npy, token_bytes.npy + token_offsets.npy (each drafter token's bytes)
-    adapters/<pair>.onnx_adapter   trained adapters (onnxruntime.AdapterFormat, α/r folded into B)
-    adapters/<pair>.head.npz       their acceptance heads
+    adapters/<pair>.<sha>.onnx_adapter   trained adapters (onnxruntime.AdapterFormat, α/r folded into B)
+    adapters/<pair>.<sha>.head.npz       their acceptance heads
     manifest.json           drafter identity and sha256, opset, quant, inputs/outputs, adapters, targets, versions
 
 The exporter is the TorchScript-based ``torch.onnx.export`` around the flat module: it gives full
@@ -17,31 +17,51 @@ control over names and dynamic axes (prefill and one-token steps share one graph
 dynamic), and optimum does not support transformers 5, while onnxruntime-genai's builder bakes
 LoRA in as fixed weights. int8 is 8-bit block-wise weights for the base MatMuls only (the LoRA
 MatMuls, which see tiny and changing weights, stay float).
+
+Writing goes through ``export.folder``: the graph export into a temporary sibling swapped in under
+the export's lock (a kill leaves the old export or the new one), an adapter's files under new
+names that only the manifest's atomic replace makes current (a kill leaves the old pair of adapter
+and manifest or the new one), and one permission policy for every file.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
+import re
 import shutil
 import tempfile
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from omnidraft.errors import OmnidraftError
-from omnidraft.fsutil import atomic_write_json, fsync_tree
+from omnidraft.export.folder import check_replaceable, commit, holding, new_temp, recover, set_modes
+from omnidraft.export.manifest import (
+    ADAPTER_SUFFIX,
+    ADAPTERS_DIR,
+    FORMAT,
+    HEAD_SUFFIX,
+    KIND,
+    MANIFEST,
+    MODEL,
+    QUANTS,
+    adapter_files,
+    check_graph,
+    check_name,
+    onnx_signature,
+    read_manifest,
+)
+from omnidraft.fsutil import atomic_write_json, fsync_dir, fsync_tree
 
-FORMAT = 1
 OPSET = 17
-QUANTS = ("fp32", "int8")
-MANIFEST = "manifest.json"
-MODEL = "model.onnx"
+__all__ = ["FORMAT", "MANIFEST", "MODEL", "QUANTS", "export_adapter", "export_dir", "export_drafter", "install",
+           "read_manifest", "write_adapter"]
 
 
 def export_dir(home_root: Path, drafter_slug: str, quant: str) -> Path:
@@ -50,69 +70,82 @@ def export_dir(home_root: Path, drafter_slug: str, quant: str) -> Path:
 
 def export_drafter(model: Any, tokenizer: Any, out: Path, *, quant: str = "fp32", spec: str = "",
                    model_sha256: str = "", bridges: dict[str, Any] | None = None, progress: bool = True) -> Path:
-    """Write the export folder ``out`` atomically (a temporary sibling renamed into place)."""
+    """Write the export folder ``out``: built in a temporary sibling, then swapped in (:func:`install`).
+
+    The export's lock is held throughout, so a second export of the same folder is refused at once
+    instead of after a minute of work, and nothing it leaves is taken for a dead writer's."""
+    if quant not in QUANTS:
+        raise OmnidraftError(f"unknown --quant {quant!r}; choose one of {', '.join(QUANTS)}")
+    out = Path(out)
+    with holding(out):
+        recover(out)
+        check_replaceable(out)  # before the long export, not after it
+        tmp = new_temp(out)
+        try:
+            _build(model, tokenizer, tmp, quant=quant, spec=spec, model_sha256=model_sha256, bridges=bridges or {})
+            install(tmp, out)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def install(tmp: Path, out: Path) -> Path:
+    """Make the complete export folder ``tmp`` (a sibling of ``out``) the export at ``out``: finish
+    what an interrupted writer left, apply the permission policy, make every byte durable, then
+    swap atomically (``folder.commit``)."""
+    with holding(out):
+        recover(out)
+        check_replaceable(out)
+        set_modes(tmp)
+        fsync_tree(tmp)
+        commit(tmp, out)
+    return out
+
+
+def _build(model: Any, tokenizer: Any, tmp: Path, *, quant: str, spec: str, model_sha256: str,
+           bridges: dict[str, Any]) -> None:
+    """Every file of an export into the empty folder ``tmp``; the manifest last, so a folder with a
+    manifest is a complete one."""
     import onnx
     import torch
 
     from omnidraft.export.graph import FlatDrafter
 
-    if quant not in QUANTS:
-        raise OmnidraftError(f"unknown --quant {quant!r}; choose one of {', '.join(QUANTS)}")
     flat = FlatDrafter(model).eval()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}-"))
-    try:
-        raw = tmp / "raw.onnx"
-        names_in, names_out = flat.input_names(), flat.output_names()
-        dynamic = {"input_ids": {1: "seq"}}
-        for name in names_in[1: 1 + 2 * flat.layers]:
-            dynamic[name] = {2: "past"}
-        for name in names_out[2:]:
-            dynamic[name] = {2: "total"}
-        for name in names_in[1 + 2 * flat.layers:]:
-            dynamic[name] = {1 if name.endswith("lora_A.weight") else 0: "rank"}
-        with torch.no_grad(), warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # the legacy exporter's deprecation and tracer notes: chosen on purpose
-            torch.onnx.export(flat, flat.example(), str(raw), input_names=names_in, output_names=names_out,
-                              dynamic_axes=dynamic, opset_version=OPSET, dynamo=False, do_constant_folding=True)
-        graph = onnx.load(str(raw))
-        _empty_lora_defaults(graph, flat)
-        final = tmp / MODEL
-        onnx.save(graph, str(final), save_as_external_data=True, all_tensors_to_one_file=True,
-                  location=f"{MODEL}.data", size_threshold=1024)
-        raw.unlink()
-        if quant == "int8":
-            _quantize_int8(final, tmp)
-        tokenizer.save_pretrained(tmp)
-        targets = {name: _write_bridge(tmp / "bridge" / name, bridge) for name, bridge in (bridges or {}).items()}
-        manifest = {
-            "format": FORMAT, "kind": "omnidraft-onnx-drafter", "drafter": spec, "drafter_sha256": model_sha256,
-            "architecture": _arch_fingerprint(model), "quant": quant, "opset": OPSET,
-            "layers": flat.layers, "kv_heads": flat.kv_heads, "head_dim": flat.head_dim,
-            "hidden_size": int(model.config.hidden_size), "vocab_size": int(model.get_output_embeddings().weight.shape[0]),
-            "max_positions": int(model.config.max_position_embeddings),
-            "inputs": names_in, "outputs": names_out,
-            "lora": {m: {"in": i, "out": o} for m, (i, o) in flat.lora_shapes().items()},
-            "adapters": {}, "targets": targets, "created": time.time(), "versions": _versions(),
-        }
-        atomic_write_json(tmp / MANIFEST, manifest)
-        _readable(tmp)
-        fsync_tree(tmp)
-        if out.exists():
-            _remove_export(out)
-        tmp.rename(out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return out
-
-
-def _readable(folder: Path) -> None:
-    """The modes a plain mkdir/open would give (mkdtemp and atomic writes make private files):
-    an app or another user of the machine reads the export."""
-    umask = os.umask(0)
-    os.umask(umask)
-    for path in [folder, *folder.rglob("*")]:
-        path.chmod((0o777 if path.is_dir() else 0o666) & ~umask)
+    raw = tmp / "raw.onnx"
+    names_in, names_out = flat.input_names(), flat.output_names()
+    dynamic = {"input_ids": {1: "seq"}}
+    for name in names_in[1: 1 + 2 * flat.layers]:
+        dynamic[name] = {2: "past"}
+    for name in names_out[2:]:
+        dynamic[name] = {2: "total"}
+    for name in names_in[1 + 2 * flat.layers:]:
+        dynamic[name] = {1 if name.endswith("lora_A.weight") else 0: "rank"}
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the legacy exporter's deprecation and tracer notes: chosen on purpose
+        torch.onnx.export(flat, flat.example(), str(raw), input_names=names_in, output_names=names_out,
+                          dynamic_axes=dynamic, opset_version=OPSET, dynamo=False, do_constant_folding=True)
+    graph = onnx.load(str(raw))
+    _empty_lora_defaults(graph, flat)
+    final = tmp / MODEL
+    onnx.save(graph, str(final), save_as_external_data=True, all_tensors_to_one_file=True,
+              location=f"{MODEL}.data", size_threshold=1024)
+    raw.unlink()
+    if quant == "int8":
+        _quantize_int8(final, tmp)
+    tokenizer.save_pretrained(tmp)
+    targets = {name: _write_bridge(tmp / "bridge" / name, bridge) for name, bridge in bridges.items()}
+    manifest = {
+        "format": FORMAT, "kind": KIND, "drafter": spec, "drafter_sha256": model_sha256,
+        "architecture": _arch_fingerprint(model), "quant": quant, "opset": OPSET,
+        "layers": flat.layers, "kv_heads": flat.kv_heads, "head_dim": flat.head_dim,
+        "hidden_size": int(model.config.hidden_size), "vocab_size": int(model.get_output_embeddings().weight.shape[0]),
+        "max_positions": int(model.config.max_position_embeddings),
+        "inputs": names_in, "outputs": names_out,
+        "lora": {m: {"in": i, "out": o} for m, (i, o) in flat.lora_shapes().items()},
+        "adapters": {}, "targets": targets, "created": time.time(), "versions": _versions(),
+    }
+    atomic_write_json(tmp / MANIFEST, manifest)
 
 
 def _empty_lora_defaults(graph, flat) -> None:
@@ -192,77 +225,158 @@ def _versions() -> dict:
             "transformers": transformers.__version__}
 
 
-def _remove_export(folder: Path) -> None:
-    """Replace an export omnidraft wrote (never anything else)."""
-    try:
-        kind = json.loads((folder / MANIFEST).read_text()).get("kind")
-    except (OSError, ValueError, AttributeError):
-        kind = None
-    if kind != "omnidraft-onnx-drafter":
-        raise OmnidraftError(f"{folder} exists and is not an export omnidraft wrote; move it away or give --out")
-    shutil.rmtree(folder)
-
-
 # ---- adapters
 
 
-def read_manifest(folder: Path) -> dict:
-    """The manifest of an export folder, checked; one line for a missing, damaged or foreign one."""
-    path = Path(folder) / MANIFEST
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise OmnidraftError(f"{folder} is not an omnidraft export (no {MANIFEST}); run `omnidraft export`") from None
-    except (OSError, ValueError, UnicodeDecodeError) as exc:
-        raise OmnidraftError(f"the export manifest {path} is unreadable ({exc.__class__.__name__}); export again") from None
-    if not isinstance(manifest, dict) or manifest.get("kind") != "omnidraft-onnx-drafter" or manifest.get("format") != FORMAT:
-        raise OmnidraftError(f"{folder} is not an omnidraft export of format {FORMAT}; export again")
-    model = Path(folder) / MODEL
-    if not model.is_file() or not Path(f"{model}.data").is_file():
-        raise OmnidraftError(f"the export {folder} is incomplete ({MODEL} or its weights are missing); export again")
-    return manifest
-
-
 def export_adapter(loaded: Any, folder: Path, name: str) -> Path:
-    """A trained adapter (``adapter.store.LoadedAdapter``) as ``adapters/<name>.onnx_adapter`` in an
-    export folder, α/r folded into B, checked against the graph's LoRA inputs; its head beside it."""
+    """A trained adapter (``adapter.store.LoadedAdapter``) as ``adapters/<name>.<sha>.onnx_adapter``
+    in an export folder, α/r folded into B, its head beside it; returns the adapter file.
+
+    The torch side: the adapter's tensors as the graph's LoRA inputs, checked against the manifest;
+    :func:`write_adapter` checks the rest and writes."""
+    check_name(name)
+    folder = Path(folder)
+    with holding(folder):
+        recover(folder)
+        manifest = read_manifest(folder)
+        arch = loaded.meta.get("identity", {}).get("drafter_arch")
+        if arch and arch != manifest["architecture"]:
+            raise OmnidraftError(f"adapter {loaded.path} was trained for another drafter than the export in {folder}")
+        tensors = _adapter_tensors(loaded, manifest, folder)
+        head = {k: v.numpy() for k, v in loaded.head_state.items()} if loaded.head_state is not None else None
+        return write_adapter(folder, name, int(loaded.version), tensors, head)
+
+
+def write_adapter(folder: Path, name: str, version: int, tensors: dict[str, np.ndarray],
+                  head: dict[str, np.ndarray] | None = None) -> Path:
+    """Add or replace the adapter ``name`` of an export: LoRA input tensors (graph input name ->
+    array) as an ``.onnx_adapter``, the acceptance head's arrays beside it. No torch needed.
+
+    Everything is checked before anything is written: ``name`` (one plain name), the whole manifest
+    and the graph it describes, every tensor against the graph's LoRA inputs. The files get new
+    names (their content's hash) and only the manifest's atomic replace makes them current; the
+    files it no longer names are removed after it. A kill at any moment leaves the manifest and the
+    files it names in agreement, the old pair or the new one; the next writer removes orphans.
+    """
     import onnxruntime as ort
 
+    check_name(name)
+    folder = Path(folder)
+    with holding(folder):
+        recover(folder)
+        manifest = read_manifest(folder)
+        check_graph(manifest, folder, *onnx_signature(folder / MODEL))
+        _check_tensors(tensors, manifest, folder)
+        out_dir = _adapters_dir(folder)
+        _sweep_adapters(out_dir, manifest)
+        params = {key: ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(value, dtype=np.float32))
+                  for key, value in tensors.items()}
+        path = _write_adapter_file(out_dir, name, version, params)
+        entry = {"file": f"{ADAPTERS_DIR}/{path.name}", "version": int(version),
+                 "sha256": hashlib.sha256(path.read_bytes()).hexdigest(), "head": head is not None}
+        if head is not None:
+            entry["head_file"] = f"{ADAPTERS_DIR}/{_write_head_file(out_dir, name, head).name}"
+        updated = dict(manifest, adapters={**manifest["adapters"], name: entry})
+        atomic_write_json(folder / MANIFEST, updated)  # the commit point
+        set_modes(folder / MANIFEST)
+        _sweep_adapters(out_dir, updated)
+    return path
+
+
+def _adapter_tensors(loaded: Any, manifest: dict, folder: Path) -> dict[str, np.ndarray]:
+    """The graph's LoRA inputs for a peft adapter: Aᵀ and Bᵀ, α/r folded into B."""
     from omnidraft.adapter.merge import lora_pairs
 
-    manifest = read_manifest(folder)
-    arch = loaded.meta.get("identity", {}).get("drafter_arch")
-    if arch and arch != manifest["architecture"]:
-        raise OmnidraftError(f"adapter {loaded.path} was trained for another drafter than the export in {folder}")
-    params = {}
     try:
         pairs = lora_pairs(loaded.state)
     except ValueError as exc:
         raise OmnidraftError(f"adapter {loaded.path}: {exc}") from None
+    tensors = {}
     for module, (a, b) in pairs.items():
-        shape = manifest["lora"].get(module)
-        if shape is None or tuple(a.shape[1:]) != (shape["in"],) or b.shape[0] != shape["out"] or a.shape[0] != b.shape[1]:
+        if module not in manifest["lora"] or a.dim() != 2 or b.dim() != 2:
             raise OmnidraftError(f"adapter {loaded.path} does not fit the export in {folder} (module {module})")
-        params[f"{module}.lora_A.weight"] = ort.OrtValue.ortvalue_from_numpy(a.float().t().contiguous().numpy())
-        params[f"{module}.lora_B.weight"] = ort.OrtValue.ortvalue_from_numpy((b.float() * loaded.scaling).t().contiguous().numpy())
-    out_dir = Path(folder) / "adapters"
-    out_dir.mkdir(exist_ok=True)
-    path = out_dir / f"{name}.onnx_adapter"
-    fmt = ort.AdapterFormat()
-    fmt.set_adapter_version(int(loaded.version))
-    fmt.set_model_version(1)
-    fmt.set_parameters(params)
-    with tempfile.NamedTemporaryFile(dir=out_dir, prefix=f".{name}-", suffix=".tmp", delete=False) as fh:
-        tmp = Path(fh.name)
+        tensors[f"{module}.lora_A.weight"] = a.float().t().contiguous().numpy()
+        tensors[f"{module}.lora_B.weight"] = (b.float() * loaded.scaling).t().contiguous().numpy()
+    return tensors
+
+
+def _check_tensors(tensors: dict[str, np.ndarray], manifest: dict, folder: Path) -> None:
+    """Each tensor is a LoRA input of the graph with its shape ([in, r] for A, [r, out] for B, one
+    rank per module), finite; one line naming the first that is not."""
+    ranks: dict[str, int] = {}
+    for key, value in tensors.items():
+        module, _, which = key.rpartition(".lora_")
+        shape = manifest["lora"].get(module)
+        ok = shape is not None and which in ("A.weight", "B.weight") and getattr(value, "ndim", 0) == 2
+        if ok:
+            rank = value.shape[1] if which == "A.weight" else value.shape[0]
+            fixed = value.shape[0] if which == "A.weight" else value.shape[1]
+            ok = fixed == shape["in" if which == "A.weight" else "out"] and ranks.setdefault(module, rank) == rank
+        if not ok or not np.isfinite(value).all():
+            raise OmnidraftError(f"adapter tensor {key} does not fit the export in {folder}")
+    unpaired = [m for m in ranks if sum(k.startswith(f"{m}.lora_") for k in tensors) != 2]
+    if not tensors or unpaired:
+        raise OmnidraftError(f"the adapter for {folder} has no tensors or an A without its B ({unpaired[:1]})")
+
+
+def _adapters_dir(folder: Path) -> Path:
+    """``<export>/adapters``, a real folder inside the export (never a link that leads elsewhere)."""
+    out_dir = folder / ADAPTERS_DIR
+    if out_dir.is_symlink() or (out_dir.exists() and not out_dir.is_dir()):
+        raise OmnidraftError(f"{out_dir} is not a folder of the export (a link or a file); export again")
+    if not out_dir.exists():
+        out_dir.mkdir()
+        set_modes(out_dir)
+    return out_dir
+
+
+def _publish_file(out_dir: Path, name: str, suffix: str, write: Callable[[Path], None]) -> Path:
+    """Write a file with ``write(path)`` to a temporary name, make it durable and readable, then
+    rename it to ``<name>.<sha256[:16]><suffix>``: a name the current manifest cannot hold unless
+    the content is the same, so the manifest goes on naming intact files until it is replaced."""
+    fd, tmp_name = tempfile.mkstemp(dir=out_dir, prefix=f".{name}.", suffix=".tmp")
+    os.close(fd)
+    tmp = Path(tmp_name)
     try:
-        fmt.export_adapter(str(tmp))
-        tmp.replace(path)
+        write(tmp)
+        with open(tmp, "rb") as fh:
+            digest = hashlib.sha256(fh.read()).hexdigest()
+            os.fsync(fh.fileno())
+        set_modes(tmp)
+        final = out_dir / f"{name}.{digest[:16]}{suffix}"
+        os.replace(tmp, final)
+        fsync_dir(out_dir)
     finally:
         tmp.unlink(missing_ok=True)
-    if loaded.head_state is not None:
-        np.savez(out_dir / f"{name}.head.npz", **{k: v.numpy() for k, v in loaded.head_state.items()})
-    manifest["adapters"][name] = {"file": f"adapters/{path.name}", "version": loaded.version,
-                                  "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
-                                  "head": loaded.head_state is not None}
-    atomic_write_json(Path(folder) / MANIFEST, manifest)
-    return path
+    return final
+
+
+def _write_adapter_file(out_dir: Path, name: str, version: int, params: dict) -> Path:
+    import onnxruntime as ort
+
+    fmt = ort.AdapterFormat()
+    fmt.set_adapter_version(int(version))
+    fmt.set_model_version(1)
+    fmt.set_parameters(params)
+    return _publish_file(out_dir, name, ADAPTER_SUFFIX, lambda path: fmt.export_adapter(str(path)))
+
+
+def _write_head_file(out_dir: Path, name: str, head: dict[str, np.ndarray]) -> Path:
+    def write(path: Path) -> None:
+        with open(path, "wb") as fh:  # a file object: np.savez would append .npz to a name
+            np.savez(fh, **head)
+
+    return _publish_file(out_dir, name, HEAD_SUFFIX, write)
+
+
+_OWNED_ADAPTER_FILE = re.compile(rf"^(.+({re.escape(ADAPTER_SUFFIX)}|{re.escape(HEAD_SUFFIX)})|\..+\.tmp)$")
+
+
+def _sweep_adapters(out_dir: Path, manifest: dict) -> None:
+    """Remove the adapter files (and temporary files) of ``adapters/`` that ``manifest`` does not
+    name: what a killed writer left, or what the entry just written replaced. Files with other
+    names are not omnidraft's and stay."""
+    named = {Path(rel).name for entry in manifest["adapters"].values() for rel in adapter_files(entry)}
+    for path in out_dir.iterdir():
+        if path.name not in named and _OWNED_ADAPTER_FILE.match(path.name) and (path.is_file() or path.is_symlink()):
+            path.unlink(missing_ok=True)

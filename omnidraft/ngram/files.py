@@ -84,12 +84,15 @@ def default_store_path(pair: str, home: str | os.PathLike | None = None) -> Path
     return store_folder(home) / f"{check_pair_id(pair)}{STORE_SUFFIX}"
 
 
-def list_store_paths(home: str | os.PathLike | None = None) -> list[Path]:
-    """Every store file under the home's cache_store/ (files set aside are not listed)."""
+def list_store_paths(home: str | os.PathLike | None = None, *, unusable: bool = False) -> list[Path]:
+    """Every store file under the home's cache_store/ (files set aside are not listed).
+
+    ``unusable`` also lists what is named like a store but is no file (a folder, a link to one):
+    ``cache stats`` must report what would stop ``generate``, not say there is no cache."""
     folder = store_folder(home)
     if not folder.is_dir():
         return []
-    return sorted(p for p in folder.glob(f"*{STORE_SUFFIX}") if p.is_file())
+    return sorted(p for p in folder.glob(f"*{STORE_SUFFIX}") if p.is_file() or (unusable and p.exists()))
 
 
 def store_files(path: Path) -> list[Path]:
@@ -312,7 +315,8 @@ def report_problem(what: str, path: Path, problem: StoreProblem, read_only: bool
     """One line on stderr for a bad store file (``what``: "n-gram cache", "lookup history"), which
     is moved aside unless the opener only reads; returns the line."""
     if read_only:
-        line = f"{what} {path} is {problem.kind} ({problem.detail}); ignoring it (read-only)"
+        line = (f"{what} {path} is {problem.kind} ({problem.detail}); ignoring it (read-only here); "
+                "a command that writes it moves it aside and starts empty")
     else:
         aside = set_aside(path, problem.kind)
         where = f"moved it aside to {aside.name}" if aside else "another process moved it aside"

@@ -40,7 +40,7 @@ from omnidraft.console import notice
 from omnidraft.errors import OmnidraftError
 from omnidraft.rpc.proto import SERVICE_NAME, pb, services
 from omnidraft.target.base import decide, step_generator
-from omnidraft.verify import IDS_ONLY_RULES
+from omnidraft.verify import IDS_ONLY_RULES, MIN_TEMPERATURE, MIN_TEMPERATURE_F32
 from omnidraft.verify.proposal import Proposal
 
 DEFAULT_PORT = 50551
@@ -149,6 +149,9 @@ class TargetService(services.TargetServicer):
             raise Refused(bad, f"unknown rule {r.rule!r}; this server verifies {', '.join(IDS_ONLY_RULES)}")
         if not math.isfinite(r.temperature) or not 0 <= r.temperature <= 100:
             raise Refused(bad, "temperature must be a finite number in [0, 100]")
+        if 0 < r.temperature < MIN_TEMPERATURE_F32:  # logits / T would overflow: garbage, not a sample
+            raise Refused(bad, f"temperature {r.temperature:g} is too small to sample with: give 0 (greedy) "
+                               f"or at least {MIN_TEMPERATURE:g}")
         if not math.isfinite(r.top_p) or not 0 <= r.top_p <= 1:
             raise Refused(bad, "top_p must be in (0, 1] (0: default 1)")
         if (r.rule == "text-sample") != (r.temperature > 0):

@@ -15,11 +15,13 @@ contention); ``n_ctx`` = 4096 capped by the model's training context (the KV cac
 ``swa_full`` stays on so that Gemma-3's sliding-window layers keep every position and a rollback
 is exact beyond the window.
 
-Batch invariance: the default llama-cpp-python build picks CPU kernels by batch size, so the m + 1
-rows of one verify eval differ slightly from m + 1 one-token evals (max |diff| ~0.5 logit on
-Qwen-0.5B, ~1.4 on Gemma-270M; an argmax flips where the top two are nearly tied), and speculative
-greedy output can then drift from plain greedy output. A build without llamafile
-(:data:`INVARIANT_BUILD`) serves bit-identical rows; see :meth:`LlamaCppTarget._invariance`.
+Batch invariance: llama.cpp's fast CPU matmuls pick kernels by batch size (llamafile's tinyBLAS
+from 2 rows, repacked weights' gemm from 4, ggml's tiled matmul from 8), so on a default build the
+m + 1 rows of one verify eval round differently from m + 1 one-token evals, and at a near-tie the
+argmax flips: speculative greedy output then drifts from plain greedy output. ``scripts/setup.sh``
+builds without llamafile, and on such a build the target keeps weights unrepacked and the tiled
+matmul off, so every row takes ggml's one-token ``vec_dot`` arithmetic and the rows are bit-identical
+(see :meth:`LlamaCppTarget._invariance`; docs/performance.md has the measured differences and costs).
 """
 
 from __future__ import annotations
@@ -45,7 +47,9 @@ DEFAULT_N_CTX = 4096
 DEFAULT_N_BATCH = 512
 MAX_DEFAULT_THREADS = 4
 
-INVARIANT_BUILD = 'CMAKE_ARGS="-DGGML_LLAMAFILE=OFF" pip install --force-reinstall --no-cache-dir llama-cpp-python==0.3.36'
+INVARIANT_BUILD = ("bash scripts/setup.sh (it rebuilds llama-cpp-python with -DGGML_LLAMAFILE=OFF), or: "
+                   'CMAKE_ARGS="-DGGML_LLAMAFILE=OFF" pip install --force-reinstall --no-cache-dir --no-binary '
+                   "llama-cpp-python llama-cpp-python==0.3.36")
 
 _LOG: deque[tuple[int, str]] = deque(maxlen=64)  # llama.cpp's recent log lines, never printed
 _LOG_CALLBACK = None  # the ctypes callback must outlive every call into llama.cpp
@@ -268,11 +272,10 @@ class LlamaCppTarget:
         """Batch invariance: the k + 1 rows of one verify eval are bit-identical to k + 1
         one-token evals, so speculative greedy output equals plain greedy output exactly.
 
-        llama.cpp's fast CPU matmuls pick kernels by batch size (llamafile's tinyBLAS from 2 rows,
-        repacked gemm from 4, ggml's tiled matmul from 8), and their rounding differs enough to
-        flip near-tied argmaxes. Invariance needs a build without llamafile (:data:`INVARIANT_BUILD`),
-        weights not repacked and ``GGML_CPU_TILED_MM=0``; it costs ~20 % on evals of 4-8 tokens and
-        nothing on plain decoding. ``None`` turns it on exactly when the build allows it."""
+        The fast CPU matmuls pick kernels by batch size (see the module docstring). Invariance
+        needs a build without llamafile (:data:`INVARIANT_BUILD`, what set-up installs), weights not
+        repacked and ``GGML_CPU_TILED_MM=0``; multi-token evals then cost more than with those
+        kernels, one-token evals about the same. ``None`` turns it on exactly when the build allows it."""
         tiled = os.environ.get("GGML_CPU_TILED_MM", "1")
         possible = not _HAS_LLAMAFILE and tiled.strip() == "0"
         if requested is None:

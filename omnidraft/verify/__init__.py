@@ -67,6 +67,13 @@ IDS_ONLY_RULES = tuple(name for name, r in RULES.items() if r.ids_only)  # looku
 # has the comparison). It needs only token ids from the drafter, so it also runs against a remote
 # target, and it takes lookup drafts.
 DEFAULT_SAMPLING_RULE = "text-sample"
+# The smallest temperature sampled with. Below it logits / T overflows (at subnormal T, to inf and
+# NaN) while the distribution is already the argmax's to float precision: the CLI and the server
+# refuse such a temperature in one line, and ``sampling.probs_from_logits`` treats it as greedy.
+MIN_TEMPERATURE = 1e-4
+# The same bound as a 32-bit float, what a gRPC request carries (1e-4 arrives as 9.9999997e-05): the
+# server and the sampling compare with it, so a temperature the CLI accepts is sampled everywhere.
+MIN_TEMPERATURE_F32 = 9.999999747378752e-05
 _loaded: dict[str, Rule] = {}
 
 

@@ -4,12 +4,25 @@ from __future__ import annotations
 
 import torch
 
+from omnidraft.verify import MIN_TEMPERATURE_F32
+
 
 def probs_from_logits(logits: torch.Tensor, temperature: float, top_p: float = 1.0) -> torch.Tensor:
-    """Probabilities after temperature and top-p; temperature 0 is the greedy limit (one-hot argmax)."""
-    if temperature <= 0:
+    """Probabilities after temperature and top-p; temperature 0 is the greedy limit (one-hot argmax).
+
+    Finite for every temperature: below ``MIN_TEMPERATURE`` (1e-4; subnormals included, where
+    ``logits / T`` overflows to inf and the softmax to NaN) the distribution is the greedy limit it
+    tends to; otherwise the logits are shifted by their maximum before the division, so no quotient
+    exceeds 0 and a huge temperature only flattens the distribution. A masked (-inf) logit keeps
+    probability 0 at any temperature.
+    """
+    if temperature != temperature:  # NaN: no distribution to speak of
+        raise ValueError("temperature is NaN")
+    if temperature < MIN_TEMPERATURE_F32:  # 1e-4 as the float32 a remote request carries
         return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).to(torch.float32)
-    probs = torch.softmax(logits / temperature, dim=-1)
+    shifted = logits.float() - logits.float().amax(-1, keepdim=True)
+    scaled = torch.where(torch.isneginf(shifted), shifted, shifted / temperature)  # -inf / inf would be NaN
+    probs = torch.softmax(scaled, dim=-1)
     if top_p < 1.0:
         sorted_p, order = probs.sort(dim=-1, descending=True)
         outside = sorted_p.cumsum(-1) - sorted_p > top_p  # keep the smallest set reaching top_p
@@ -24,8 +37,12 @@ def draw(probs: torch.Tensor, generator: torch.Generator | None = None) -> int:
 
     Inverse CDF in float64: exact up to rounding, and on a vocabulary-wide row faster than
     ``torch.multinomial`` (one cumulative sum and one binary search), which a sampled decode step
-    pays at least once.
+    pays at least once. A row with no finite positive mass (NaN or inf from upstream) is an error,
+    never a silent draw of the last index.
     """
     cdf = torch.cumsum(probs, 0, dtype=torch.float64)
-    u = torch.rand((), generator=generator, dtype=torch.float64) * cdf[-1]
+    total = float(cdf[-1])
+    if not 0.0 < total < float("inf"):
+        raise ValueError(f"cannot draw from a distribution with total mass {total}")
+    u = torch.rand((), generator=generator, dtype=torch.float64) * total
     return min(int(torch.searchsorted(cdf, u, right=True)), len(probs) - 1)
