@@ -249,3 +249,54 @@ def test_a_tensor_that_does_not_fit_the_graph_is_refused_before_writing(sources,
     with pytest.raises(OmnidraftError, match="does not fit"):
         write_adapter(out, "d--t", 1, tensors)
     assert _snapshot(out) == before
+
+
+def _cli(argv: list[str], home: Path) -> tuple[int, str]:
+    """``omnidraft ARGV`` in this process with ``home`` as $OMNIDRAFT_HOME: (exit status, stderr)."""
+    import contextlib
+    import io
+
+    from omnidraft.cli import main
+
+    err, before = io.StringIO(), os.environ.get("OMNIDRAFT_HOME")
+    os.environ["OMNIDRAFT_HOME"] = str(home)
+    try:
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            code = main(argv)
+    finally:
+        if before is None:
+            os.environ.pop("OMNIDRAFT_HOME", None)
+        else:
+            os.environ["OMNIDRAFT_HOME"] = before
+    return code, err.getvalue()
+
+
+def test_after_a_kill_between_the_renames_generate_finds_the_export_and_export_runs(sources, logits, tmp_path):
+    """Issue 29 #1 end to end: the folder is gone, the finished export waits beside it. `generate`'s
+    export lookup finds it (no silent fall-back to the torch drafter), and `omnidraft export` runs
+    to the end instead of failing with "exists and is not an export omnidraft wrote"."""
+    from tiny import tiny_model, tiny_tokenizer
+    from tiny_export import killed
+
+    from omnidraft.runtime import onnx_export_for
+
+    trace = run_writer(sources["new"], copy_export(sources["old"], tmp_path / "dry" / "d-fp32")).stdout.splitlines()
+    between = [i + 1 for i, s in enumerate(trace) if s.startswith("rename")][1]  # the new one's rename
+    home = tmp_path / "home"
+    out = copy_export(sources["old"], home / "export" / "smollm2-135m-fp32")
+    assert killed(run_writer(sources["new"], out, kill_at=between)) and not out.exists()
+    assert onnx_export_for("builtin:smollm2-135m", "auto", home) == out and _which(out, logits) == "new"
+
+    shutil.rmtree(out)  # the same state again, for the export command to meet first
+    assert killed(run_writer(sources["new"], copy_export(sources["old"], out), kill_at=between)) and not out.exists()
+    drafter, target = tmp_path / "drafter", tmp_path / "target"
+    for folder, vocab, seed in ((drafter, 330, 3), (target, 420, 4)):
+        tok = tiny_tokenizer(vocab)
+        tiny_model(len(tok), seed).save_pretrained(folder)
+        tok.save_pretrained(folder)
+    code, err = _cli(["export", "--drafter", str(drafter), "--quant", "fp32", "--target", str(target),
+                      "--out", str(out)], home)
+    assert code == 0, err
+    assert "finished the interrupted export" in err
+    assert json.loads((out / "manifest.json").read_text())["drafter"] == str(drafter)
+    assert _which(out, {**logits, "third": probe(out)}) == "third" and siblings(out) == []

@@ -27,13 +27,20 @@ from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pytest
 from conftest import DRAFTER, TEST_HOME
+from tiny_export import TAMPERS
 
 from omnidraft.cli import build_parser, main
 
 SEED = 20261124
 BAD_NUMBERS = ["-1", "0", "nan", "inf", "-inf", "1e400", "9" * 30, "abc", "", "1,5"]
+# Subnormal and underflowing floats: a temperature of 1e-45 made logits / T overflow (issue 29 #2).
+SUBNORMALS = ["1e-45", "5e-324", "-5e-324", "1e-310", "4e-320"]
+# Names that would leave their folder if joined onto a path unchecked (issue 29).
+TRAVERSING = ["../escape", "../../../../tmp/x", "/etc", "/tmp/abs--pair", "..", ".", "a/../../b", "x--y/../../z",
+              ".hidden--pair", "pair--x\\..\\..", "..--..", "pair\x00--x"]
 NOT_UTF8 = b"caf\xe9 \xff".decode("utf-8", "surrogateescape")  # what Python makes of such argv bytes
 TARGET = "builtin:qwen2.5-coder-0.5b"
 PAIR_FOLDER = "smollm2-135m--qwen2.5-coder-0.5b"
@@ -147,7 +154,7 @@ def number_cases() -> Iterator[Case]:
             kind = getattr(action.type, "__name__", "")
             if not action.option_strings or kind not in ("integer", "number"):
                 continue
-            for value in BAD_NUMBERS:
+            for value in BAD_NUMBERS + (SUBNORMALS if kind == "number" else []):
                 try:
                     action.type(value)
                     continue  # a valid value: not this table's business
@@ -198,6 +205,10 @@ def semantic_cases() -> Iterator[Case]:
     yield Case(["cache", "stats", "--pair", "nosuchpair"], 2, "no n-gram cache")
     yield Case(["models", "path", "builtin:nope"], 2, "unknown model spec")
     yield Case(["models", "install", "no/such/folder"], 2, "builtin")
+    # issue 29 #2, as reported: exit 0 with 16 copies of the last token id
+    yield Case(["generate", "--target", "builtin:gemma3-270m", "--drafter", "none", "--prompt", "Once upon a time",
+                "--max-new-tokens", "16", "--temperature", "1e-45", "--json"], 2, "too small a temperature")
+    yield Case(["generate", "--prompt", "hi", "--temperature", "0.00009999"], 2, "too small a temperature")
 
 
 def spec_cases() -> Iterator[Case]:
@@ -232,6 +243,18 @@ def path_cases() -> Iterator[Case]:
     yield Case(["--home", "/sys/omnidraft-read-only", "generate", "--prompt", "hi", "--json"], 2, "cannot use /sys/omnidraft-read-only")
 
 
+def naming_cases() -> Iterator[Case]:
+    """Names from users that must never escape their folder: `export --adapter NAME` joins NAME onto
+    the adapters folder and the export's adapters/ folder (issue 29); a symlinked pair folder is
+    no adapter of this home either. Refused before anything is locked or written."""
+    for name in TRAVERSING:
+        yield Case(["export", "--adapter", name], 2, "not a plain name")
+        yield Case(["export", "--adapter", name, "--out", "a_folder"], 2, "not a plain name")
+    yield Case(["export", "--adapter", "linked--pair"], 2, "symbolic link")
+    yield Case(["export", "--adapter", PAIR_FOLDER], 2, "no export at")
+    yield Case(["export", "--adapter", "all"], 2, "no export at")
+
+
 def removal_cases() -> Iterator[Case]:
     """`adapters remove` and `cache clear` only ever touch what omnidraft made under the home."""
     for name in (".", "..", "/", "mynotes", "./mynotes", "../", "adapters", "linked--pair", "userfiles--pair", "nope--nope",
@@ -242,7 +265,8 @@ def removal_cases() -> Iterator[Case]:
     yield Case(["cache", "clear", "--pair", "../mynotes", "--yes"], 2, "pair id")
 
 
-ALL_CASES = [*number_cases(), *choice_and_text_cases(), *semantic_cases(), *spec_cases(), *path_cases(), *removal_cases()]
+ALL_CASES = [*number_cases(), *choice_and_text_cases(), *semantic_cases(), *spec_cases(), *path_cases(), *naming_cases(),
+             *removal_cases()]
 
 
 # ---------------------------------------------------------------- the home every case runs in
@@ -303,6 +327,10 @@ def test_the_table_covers_every_subcommand_and_kind():
     assert {"generate", "chat", "bench", "adapt", "experiment cache", "experiment online", "cache stats"} <= expected
     kinds = {v for c in ALL_CASES for v in ("nan", "inf", "=-1", "=0", "9" * 30, NOT_UTF8) if any(v in a for a in c.argv)}
     assert len(kinds) == 6 and len(ALL_CASES) > 300
+    subnormal = {a.split("=")[0] for c in ALL_CASES for a in c.argv if a.endswith(("=1e-45", "=5e-324", "=4e-320"))}
+    assert {"--temperature", "--target-temperature"} <= subnormal  # refused, not overflowed
+    named = {c.argv[2] for c in ALL_CASES if c.argv[:2] == ["export", "--adapter"]}
+    assert set(TRAVERSING) <= named
     print(f"{len(ALL_CASES)} hostile-input cases")
 
 
@@ -560,3 +588,247 @@ def test_output_into_a_closed_pipe_is_quiet(tmp_path):
     _, err = proc.communicate(timeout=120)
     assert b"Traceback" not in err and b"Exception ignored" not in err, err.decode()[-2000:]
     assert proc.returncode == 141 and err == b""
+
+
+# ---------------------------------------------------------------- exports: kills, tampered manifests (issue 29)
+
+KILL_POINTS = 24  # SIGKILLs at distinct steps of one export over an existing one
+ADAPTER_KILL_POINTS = 8
+TINY_PAIR = "tiny--t"
+
+
+def _spread(trace: list[str], count: int, must: list[int]) -> list[int]:
+    """``count`` distinct steps (1-based) of ``trace``: the ``must`` ones, the rest evenly spread."""
+    points = set(must)
+    n = len(trace)
+    rest = [s for s in range(1, n + 1) if s not in points]
+    need = count - len(points)
+    points |= {rest[round(i * (len(rest) - 1) / max(need - 1, 1))] for i in range(need)}
+    assert len(points) == count, (n, count)
+    return sorted(points)
+
+
+def _publish_tiny_pair_adapter(home: Path) -> None:
+    """A trained adapter of the tiny drafter under ``home/adapters/tiny--t``, as `adapt` leaves one."""
+    from tiny import tiny_model
+
+    from omnidraft.adapter.store import architecture_fingerprint
+    from omnidraft.train import lora
+    from omnidraft.train.publish import save
+
+    model = tiny_model(330, 1)
+    peft = lora.attach(model, lora.lora_config(rank=2, alpha=4))
+    identity = {"drafter_vocab": "d", "target_vocab": "t", "drafter_arch": architecture_fingerprint(tiny_model(330, 1))}
+    save(home / "adapters" / TINY_PAIR, peft, {"identity": identity, "updates": 1})
+
+
+@pytest.fixture(scope="module")
+def tiny_world(tmp_path_factory) -> dict:
+    """Two tiny real exports (old, new) with their probe logits, a tiny target model folder, a
+    trained adapter for the tiny drafter, and the step-by-step trace of one replace and one adapter write."""
+    import shutil
+
+    from tiny import tiny_model, tiny_tokenizer
+    from tiny_export import adapter_state, build, copy_export, probe, run_writer, save_adapter
+
+    root = tmp_path_factory.mktemp("tiny_world")
+    old, new = build(root, 1), build(root, 2)
+    target = root / "target"
+    tok = tiny_tokenizer(420)
+    tiny_model(len(tok), 2).save_pretrained(target)
+    tok.save_pretrained(target)
+    seed_home = root / "seed_home"
+    _publish_tiny_pair_adapter(seed_home)
+    scratch = copy_export(old, root / "scratch" / "export" / "d-fp32")
+    dry = run_writer(new, scratch)
+    assert dry.returncode == 0, dry.stderr
+    trace = dry.stdout.splitlines()
+    renames = [i + 1 for i, s in enumerate(trace) if s.startswith("rename")]
+    assert len(renames) == 2  # old aside, new in
+    manifest = json.loads((scratch / "manifest.json").read_text())
+    adapter_base = copy_export(old, root / "adapter_base" / "d-fp32")
+    from omnidraft.export.onnx_export import write_adapter
+
+    arrays = dict(np.load(save_adapter(root / "v1.npz", manifest, 1, 1)))
+    write_adapter(adapter_base, "d--t", 1, {k: v for k, v in arrays.items() if ":" not in k and k != "version"})
+    v2 = save_adapter(root / "v2.npz", manifest, 2, 2)
+    adapter_scratch = copy_export(adapter_base, root / "adapter_scratch" / "d-fp32")
+    adry = run_writer(v2, adapter_scratch, mode="adapter")
+    assert adry.returncode == 0, adry.stderr
+    shas = {v: adapter_state(folder)["d--t"] for v, folder in (("v1", adapter_base), ("v2", adapter_scratch))}
+    shutil.rmtree(root / "scratch")
+    return {"old": old, "new": new, "logits": {"old": probe(old), "new": probe(new)}, "target": target,
+            "seed_home": seed_home, "points": _spread(trace, KILL_POINTS, renames + [renames[1] + 1]),
+            "adapter_base": adapter_base, "v2": v2, "shas": shas,
+            "adapter_points": _spread(adry.stdout.splitlines(), ADAPTER_KILL_POINTS, [])}
+
+
+def _which(folder: Path, world: dict) -> str:
+    from tiny_export import probe
+
+    got = probe(folder)
+    return next((k for k, v in world["logits"].items() if np.array_equal(got, v)), "neither")
+
+
+def _loadable_somewhere(out: Path) -> bool:
+    """The export folder is complete, or a complete one waits beside it for the next command."""
+    from omnidraft.export.folder import is_export, leftovers
+
+    return is_export(out) or any(is_export(p) for p, _, _ in leftovers(out))
+
+
+def _next_export(world: dict, out: Path) -> None:
+    """What the next `omnidraft export` does after its graph export: install over what is there."""
+    import shutil
+
+    from omnidraft.export.folder import new_temp
+    from omnidraft.export.onnx_export import install
+
+    tmp = new_temp(out)
+    shutil.copytree(world["new"], tmp, dirs_exist_ok=True)
+    install(tmp, out)
+
+
+@pytest.mark.parametrize("k", range(KILL_POINTS))
+def test_a_kill_at_any_step_of_an_export_over_an_existing_one_leaves_a_loadable_export(k, tiny_world, tmp_path):
+    """Issue 29 #1: SIGKILL at one of 24 distinct steps (writing the new folder, renaming the old
+    aside, between the renames, removing the old) leaves the old export or the new one; the
+    onnxruntime backend and the next `export` (graph or adapter) accept the home, and nothing is
+    left beside the folder."""
+    from tiny_export import adapter_state, copy_export, killed, run_writer, siblings
+
+    from omnidraft.runtime import onnx_export_for
+
+    home = tmp_path / "home"
+    out = copy_export(tiny_world["old"], home / "export" / "smollm2-135m-fp32")
+    proc = run_writer(tiny_world["new"], out, kill_at=tiny_world["points"][k])
+    assert killed(proc), (proc.returncode, proc.stderr[-500:])
+    assert _loadable_somewhere(out)
+    if k % 2 == 0:  # a reader comes first: `generate` finds the export (no silent fall-back to torch)
+        assert onnx_export_for(DRAFTER, "auto", home) == out
+        assert _which(out, tiny_world) in ("old", "new")
+    else:  # `export --adapter` comes first
+        import shutil
+
+        shutil.copytree(tiny_world["seed_home"] / "adapters", home / "adapters")
+        outcome = run(["export", "--adapter", TINY_PAIR, "--out", str(out)], home)
+        check(Case([], 0, writes=True), outcome)
+        assert _which(out, tiny_world) in ("old", "new") and TINY_PAIR in adapter_state(out)
+    assert siblings(out) == []
+    _next_export(tiny_world, out)
+    assert _which(out, tiny_world) == "new" and siblings(out) == []
+
+
+@pytest.mark.parametrize("k", range(ADAPTER_KILL_POINTS))
+def test_a_kill_during_an_adapter_export_leaves_manifest_and_files_agreeing(k, tiny_world, tmp_path):
+    """Issue 29 #4's other half: the .onnx_adapter files and the manifest change together or not at all."""
+    from tiny_export import adapter_state, copy_export, killed, run_writer
+
+    from omnidraft.drafter.onnx_lm import OrtCausalLM
+    from omnidraft.export.onnx_export import write_adapter
+
+    out = copy_export(tiny_world["adapter_base"], tmp_path / "d-fp32")
+    proc = run_writer(tiny_world["v2"], out, kill_at=tiny_world["adapter_points"][k], mode="adapter")
+    assert killed(proc), (proc.returncode, proc.stderr[-500:])
+    after = adapter_state(out)  # every file the manifest names is there, with the hash it records
+    assert after["d--t"] in (tiny_world["shas"]["v1"], tiny_world["shas"]["v2"])
+    OrtCausalLM(out, threads=1)
+    arrays = dict(np.load(tiny_world["v2"]))
+    write_adapter(out, "d--t", 3, {key: v * 2 for key, v in arrays.items() if ":" not in key and key != "version"})
+    state = adapter_state(out)
+    named = {Path(e["file"]).name for e in json.loads((out / "manifest.json").read_text())["adapters"].values()}
+    assert {p.name for p in (out / "adapters").iterdir()} == named  # what the kill left is swept
+    assert state["d--t"] not in tiny_world["shas"].values()
+
+
+def _tampered_copy(world: dict, where: Path, how: str) -> Path:
+    from tiny_export import copy_export, tamper
+
+    folder = copy_export(world["old"], where)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    tamper(manifest, how)
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    return folder
+
+
+def _tree(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("command", ["generate", "export --adapter"])
+@pytest.mark.parametrize("how", TAMPERS)
+def test_a_tampered_manifest_is_one_line_and_exit_2(how, command, tiny_world, tmp_path):
+    """Issue 29 #3 and #4 through the CLI: no onnxruntime error, KeyError, TypeError or list of
+    input names; `export --adapter` changes no file of the export."""
+    import shutil
+
+    home = tmp_path / "home"
+    shutil.copytree(tiny_world["seed_home"], home)
+    folder = _tampered_copy(tiny_world, home / "export" / "d-fp32", how)
+    before = _tree(folder)
+    if command == "generate":
+        argv = ["generate", "--prompt", "the cat", "--json", "--engine", "torch", "--target", str(tiny_world["target"]),
+                "--drafter-backend", str(folder), "--adapter", "none", "--no-ngram"]
+    else:
+        argv = ["export", "--adapter", TINY_PAIR, "--out", str(folder)]
+    outcome = run(argv, home)
+    check(Case([], 2, "manifest", writes=True), outcome)
+    assert _tree(folder) == before
+
+
+def test_an_untampered_export_takes_the_adapter_through_the_cli(tiny_world, tmp_path):
+    """The control for the cases above: the same command on the intact export succeeds."""
+    import shutil
+
+    from tiny_export import adapter_state, copy_export
+
+    home = tmp_path / "home"
+    shutil.copytree(tiny_world["seed_home"], home)
+    folder = copy_export(tiny_world["old"], home / "export" / "d-fp32")
+    outcome = run(["export", "--adapter", TINY_PAIR, "--out", str(folder)], home)
+    check(Case([], 0, writes=True), outcome)
+    assert list(adapter_state(folder)) == [TINY_PAIR]
+    (tmp_path / "elsewhere--pair").mkdir()
+    (home / "adapters" / "elsewhere--pair").symlink_to(tmp_path / "elsewhere--pair", target_is_directory=True)
+    every = run(["export", "--adapter", "all", "--out", str(folder)], home)  # `all` skips the link, says so
+    check(Case([], 0, writes=True), every)
+    assert "skipping" in every.stderr and "elsewhere--pair" in every.stderr and list(adapter_state(folder)) == [TINY_PAIR]
+
+
+# ---------------------------------------------------------------- cache stats agrees with generate (issue 29 #5)
+
+
+def _stats(home: Path) -> tuple[Outcome, Outcome]:
+    return run(["cache", "stats", "--json"], home), run(["cache", "stats"], home)
+
+
+@pytest.mark.parametrize("kind", ["symlink to a non-database", "directory"])
+def test_cache_stats_reports_a_bad_store_as_generate_would_meet_it(kind, tmp_path):
+    from omnidraft.errors import OmnidraftError
+    from omnidraft.ngram.store import PersistentNgramCache
+
+    home = tmp_path / "home"
+    store = home / "cache_store" / "aaaa1111-bbbb2222.sqlite"
+    store.parent.mkdir(parents=True)
+    if kind == "directory":
+        store.mkdir()
+    else:
+        (tmp_path / "passwd").write_text("root:x:0:0:root:/root:/bin/bash\n")
+        store.symlink_to(tmp_path / "passwd")
+    as_json, as_text = _stats(home)
+    for outcome in (as_json, as_text):
+        check(Case([], 0), outcome)
+    (problem,) = json.loads(as_json.stdout)["problems"]
+    warned = [ln.removeprefix("omnidraft: warning: ") for ln in as_json.stderr.splitlines()]
+    assert warned == [problem["problem"]] and as_text.stderr == as_json.stderr  # the same words, once
+    assert "no usable n-gram caches" in as_text.stdout and "1 reported above" in as_text.stdout
+    if kind == "directory":  # generate stops on it with this line
+        with pytest.raises(OmnidraftError) as err:
+            PersistentNgramCache(store, "aaaa1111-bbbb2222")
+        assert problem["problem"].startswith(str(err.value))
+    else:  # generate sets it aside as corrupt and starts empty: stats names that kind and that action
+        assert "corrupt" in problem["problem"] and "moves it aside" in problem["problem"]
+        with PersistentNgramCache(store, "aaaa1111-bbbb2222") as cache:
+            assert cache.problem is not None and "corrupt" in cache.problem
+        assert list(store.parent.glob("aaaa1111-bbbb2222.sqlite.corrupt-*")) and (tmp_path / "passwd").is_file()

@@ -47,7 +47,8 @@ def run(args: argparse.Namespace) -> int:
 
         models.check_spec(args.drafter)  # before anything is locked or written
     else:
-        names = _adapter_names(args.adapter)  # before anything is locked or written
+        if args.adapter != "all":
+            _adapter_names(args.adapter)  # a NAME that is no plain name is refused before anything else
         if not out.is_dir() and not leftovers(out):
             raise OmnidraftError(f"no export at {out}: run `omnidraft export` first (adapters go into an export)")
     with holding(out):
@@ -57,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
             return _export_graph(args, out)
         if not out.is_dir():
             raise OmnidraftError(f"no export at {out}: run `omnidraft export` first (adapters go into an export)")
-        for name in names:
+        for name in _adapter_names(args.adapter):
             _export_adapter(out, name, quiet_if_empty=args.adapter == "all")
     return 0
 
