@@ -34,6 +34,7 @@ from omnidraft.vocab.translate import (
     TextTranslator,
     TokenTranslator,
     Translator,
+    note_ngram_verdicts,
 )
 
 if TYPE_CHECKING:
@@ -98,7 +99,7 @@ class ModelDraft:
         if step.source == self.name:
             p = step.proposal
             step.kept = translator.drafted_kept(p.draft, p.translation, step.accepted, p.proposed)
-            step.ngram_hits = translator.ngram_hits(p.draft, p.translation, step.proposed, step.accepted)
+            step.ngram_hits = note_ngram_verdicts(self.ngrams, p.draft, p.translation, step.proposed, step.accepted)
             if not step.done:  # reverse translation (Algorithm 1, lines 17-19)
                 translator.reverse(self._ctx, p.draft, p.translation, step.emitted, step.accepted)
         elif step.source is None:
@@ -121,11 +122,10 @@ class ModelDraft:
         translation = info.translations[0] if config.translate == "auto" else config.translate
         translator = self.translator(translation, config.use_ngram and info.uses_ngrams, config.use_ngram,
                                      config.slrs_lookahead)
-        sampler = translator.sampler(Sampler(config.temperature if info.keeps_q else 0.0, config.top_p, info.keeps_q, generator))
+        sampler = Sampler(config.temperature if info.keeps_q else 0.0, config.top_p, info.keeps_q, generator)
         stop = policy.stop_rule(config.draft_len, self.drafter.head) or stop_rule(
             config.draft_stop, self.drafter.head, config.draft_confidence, config.stop_gamma)
-        return Plan(translator, DraftPolicy(sampler, translator.constraint(self.drafter.lm.vocab_size),
-                                            translator.stop_rule(stop)))
+        return Plan(translator, translator.draft_policy(sampler, stop, self.drafter.lm.vocab_size))
 
     def translator(self, translation: str, propose_ngrams: bool, learn_ngrams: bool, lookahead: int = 1) -> Translator:
         """One translator per kind, kept for the source's life (they hold masks and memos)."""

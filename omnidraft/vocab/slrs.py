@@ -40,13 +40,13 @@ from typing import TYPE_CHECKING
 import torch
 
 from omnidraft.drafter.base import Draft
-from omnidraft.drafter.policy import Sampler, StopRule
+from omnidraft.drafter.policy import DraftPolicy, Sampler, StopRule
 from omnidraft.errors import OmnidraftError
 from omnidraft.ngram.trie import NgramCache
 from omnidraft.verify.sampling import draw, probs_from_logits
 from omnidraft.vocab.bridge import Translation, VocabBridge
 from omnidraft.vocab.reverse import DrafterContext
-from omnidraft.vocab.translate import _FixedBias
+from omnidraft.vocab.translate import FixedConstraint
 
 if TYPE_CHECKING:
     from omnidraft.drafter import Drafter
@@ -309,20 +309,23 @@ class StringTranslator:
         """Lookahead 1: ψ is known over the whole vocabulary (several tokens per draft)."""
         return self.lookahead == 1
 
-    def sampler(self, base: Sampler) -> Sampler:
+    def draft_policy(self, base: Sampler, stop: StopRule, vocab_size: int) -> DraftPolicy:
+        """Lookahead 1 drafts target ids (t = LP(bytes(d))); a longer lookahead drafts one string
+        until its first target token is settled (Algorithm 3's S_1), keeping q for ψ."""
         self._base = base
-        return StringSampler(base, self) if self.whole_rows else Sampler(base.temperature, base.top_p, True, base.generator)
+        if self.whole_rows:
+            return DraftPolicy(StringSampler(base, self), FixedConstraint(self._drafter_bias(vocab_size)), stop)
+        return DraftPolicy(Sampler(base.temperature, base.top_p, True, base.generator),
+                           FixedConstraint(self._drafter_bias(vocab_size)), Lookahead(self.index, self.lookahead))
 
-    def stop_rule(self, default: StopRule) -> StopRule:
-        return default if self.whole_rows else Lookahead(self.index, self.lookahead)
-
-    def constraint(self, vocab_size: int) -> _FixedBias:
+    def _drafter_bias(self, vocab_size: int) -> torch.Tensor:
+        """0 on drafter tokens with bytes (they have a first target token), -inf elsewhere."""
         if self._bias is None or len(self._bias) != vocab_size:
             ok = self.index.first[:vocab_size] >= 0
             bias = torch.full((vocab_size,), float("-inf"))
             bias[: len(ok)] = torch.where(ok, 0.0, float("-inf"))
             self._bias = bias
-        return _FixedBias(self._bias)
+        return self._bias
 
     def forward(self, context: Sequence[int], draft: Draft) -> Translation:
         if self.whole_rows:
@@ -338,9 +341,6 @@ class StringTranslator:
     def drafted_kept(self, draft: Draft, tr: Translation, accepted: int, proposed: list[int]) -> int:
         return tr.spans[accepted - 1][1] if accepted else 0
 
-    def ngram_hits(self, draft: Draft, tr: Translation, proposed: int, accepted: int) -> tuple[int, int]:
-        return 0, 0
-
     def draft_target_probs(self, draft: Draft, tr: Translation, i: int) -> torch.Tensor:
         return draft.q[i]  # ψ over the target vocabulary (lookahead 1)
 
@@ -353,7 +353,7 @@ class StringTranslator:
         drafter = self.drafter
         limit = min(self.lookahead, draft.limit or self.lookahead)
         base = self._base
-        bias = self.constraint(len(draft.q[0]))._bias
+        bias = self._drafter_bias(len(draft.q[0]))
         drafted = list(draft.tokens)
 
         def q_at(path: tuple[int, ...]) -> torch.Tensor:

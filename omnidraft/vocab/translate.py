@@ -16,10 +16,13 @@ Two strategies behind one interface (:class:`Translator`):
 - ``slrs.py``'s string translator (SLRS): the drafted string's first target token.
 
 The token and RDK translators share :class:`DirectMapping` (the TLI restriction and q moved onto
-target ids) as a part, not as a parent. What the verification rules see of a translator is declared
-in ``omnidraft/verify/proposal.py`` (q' in target space); what the drafter sees is its sampler,
-constraint and stop rule. All keep the drafter's context in step with what the target emitted (reverse translation,
-Algorithm 1 lines 17-19) and learn n-grams on the way when given a cache to learn into.
+target ids) as a part, not as a parent. Drafting and translating are separate objects: a translator
+hands the drafter a :class:`~omnidraft.drafter.policy.DraftPolicy` (the sampler, constraint and stop
+rule its translation can carry) and then only translates. What the verification rules see of a
+translator is declared in ``omnidraft/verify/proposal.py`` (q' in target space). All keep the
+drafter's context in step with what the target emitted (reverse translation, Algorithm 1 lines
+17-19) and learn n-grams on the way when given a cache to learn into; the n-gram cache's verdicts
+are noted by :func:`note_ngram_verdicts`, the same for every translator.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from typing import Protocol
 import torch
 
 from omnidraft.drafter.base import Draft
-from omnidraft.drafter.policy import DraftConstraint, Sampler, StopRule
+from omnidraft.drafter.policy import DraftPolicy, Sampler, StopRule
 from omnidraft.ngram.trie import NgramCache, TrieNode
 from omnidraft.verify.sampling import draw, probs_from_logits
 from omnidraft.vocab.affinity import DEFAULT_TAU, kernel_for
@@ -39,25 +42,17 @@ from omnidraft.vocab.reverse import DrafterContext, drafted_inside
 
 
 class Translator(Protocol):
-    """Drafter tokens <-> target tokens for one kind of translation (and how the drafter drafts for it)."""
+    """Drafter tokens <-> target tokens for one kind of translation."""
 
-    def sampler(self, base: Sampler) -> Sampler:
-        """How the drafter picks its tokens under this translation (most keep ``base``)."""
-
-    def stop_rule(self, default: StopRule) -> StopRule:
-        """When a draft ends (most keep the draft policy's ``default``)."""
-
-    def constraint(self, vocab_size: int) -> DraftConstraint:
-        """The drafter's constraint for one draft."""
+    def draft_policy(self, base: Sampler, stop: StopRule, vocab_size: int) -> DraftPolicy:
+        """How the drafter must draft so that this translation carries its tokens: ``base`` and
+        ``stop`` as the request asks, changed only where the translation needs it."""
 
     def forward(self, context: Sequence[int], draft: Draft) -> Translation:
         """Target tokens for a draft, after the target-token ``context``."""
 
     def reverse(self, ctx: DrafterContext, draft: Draft, tr: Translation, emitted: list[int], accepted: int) -> None:
         """Append what the target emitted to the drafter's context."""
-
-    def ngram_hits(self, draft: Draft, tr: Translation, proposed: int, accepted: int) -> tuple[int, int]:
-        """(proposals that came from the n-gram cache, of which accepted), noted in the cache."""
 
     def drafted_kept(self, draft: Draft, tr: Translation, accepted: int, proposed: list[int]) -> int:
         """How many drafted tokens the ``accepted`` first proposals cover (what the draft policy learns from)."""
@@ -66,7 +61,7 @@ class Translator(Protocol):
 # ---------------------------------------------------------------- text
 
 
-class _FixedBias:
+class FixedConstraint:
     """A constraint that is the same at every drafted position."""
 
     def __init__(self, bias: torch.Tensor) -> None:
@@ -89,13 +84,10 @@ class TextTranslator:
         self.bridge, self.learn = bridge, learn
         self._bias: dict[int, torch.Tensor] = {}
 
-    def sampler(self, base: Sampler) -> Sampler:
-        return base
+    def draft_policy(self, base: Sampler, stop: StopRule, vocab_size: int) -> DraftPolicy:
+        return DraftPolicy(base, self.constraint(vocab_size), stop)
 
-    def stop_rule(self, default: StopRule) -> StopRule:
-        return default
-
-    def constraint(self, vocab_size: int) -> _FixedBias:
+    def constraint(self, vocab_size: int) -> FixedConstraint:
         """Any drafter token with bytes may be proposed, and a special token with a target partner."""
         if vocab_size not in self._bias:
             d2t = self.bridge.d2t_list
@@ -103,7 +95,7 @@ class TextTranslator:
             bias = torch.full((vocab_size,), float("-inf"))
             bias[: len(ok)] = torch.where(torch.tensor(ok), 0.0, float("-inf"))
             self._bias[vocab_size] = bias
-        return _FixedBias(self._bias[vocab_size])
+        return FixedConstraint(self._bias[vocab_size])
 
     def forward(self, context: Sequence[int], draft: Draft) -> Translation:
         return self.bridge.forward_text(context, draft.tokens)
@@ -118,9 +110,6 @@ class TextTranslator:
             leftover = b""
         if leftover:
             ctx.append_bytes(leftover)
-
-    def ngram_hits(self, draft: Draft, tr: Translation, proposed: int, accepted: int) -> tuple[int, int]:
-        return 0, 0
 
     def drafted_kept(self, draft: Draft, tr: Translation, accepted: int, proposed: list[int]) -> int:
         text = b"".join(self.bridge.target_bytes(t) or b"" for t in proposed[:accepted])
@@ -207,11 +196,8 @@ class TokenTranslator:
     def dm_target_probs(self, row: torch.Tensor) -> torch.Tensor:
         return self.dm.target_probs(row)
 
-    def sampler(self, base: Sampler) -> Sampler:
-        return base
-
-    def stop_rule(self, default: StopRule) -> StopRule:
-        return default
+    def draft_policy(self, base: Sampler, stop: StopRule, vocab_size: int) -> DraftPolicy:
+        return DraftPolicy(base, _TokenConstraint(self, vocab_size), stop)
 
     def root_extras(self, vocab_size: int) -> torch.Tensor:
         """Non-direct-mapped first sub-tokens of cached n-grams (recomputed when the cache changes)."""
@@ -222,9 +208,6 @@ class TokenTranslator:
             self._root_extra = torch.tensor(ids, dtype=torch.long)
             self._root_key = key
         return self._root_extra
-
-    def constraint(self, vocab_size: int) -> _TokenConstraint:
-        return _TokenConstraint(self, vocab_size)
 
     def forward(self, context: Sequence[int], draft: Draft) -> Translation:
         return self.bridge.forward(draft.tokens, self.propose)
@@ -238,18 +221,6 @@ class TokenTranslator:
 
     def drafted_kept(self, draft: Draft, tr: Translation, accepted: int, proposed: list[int]) -> int:
         return tr.spans[accepted - 1][1] if accepted else 0
-
-    def ngram_hits(self, draft: Draft, tr: Translation, proposed: int, accepted: int) -> tuple[int, int]:
-        hits = hits_accepted = 0
-        for i in range(proposed):
-            if tr.ngram[i]:
-                key = draft.tokens[tr.spans[i][0]: tr.spans[i][1]]
-                hits += 1
-                self.propose.note_proposed(key)
-                if i < accepted:
-                    hits_accepted += 1
-                    self.propose.note_accepted(key)
-        return hits, hits_accepted
 
     # ---- q' in target space, eq. (2) (the rejection-sampling rules)
 
@@ -308,15 +279,10 @@ class RedistributingTranslator:
         self.dm = DirectMapping(bridge, target_vocab_size)
         self.kernel = kernel_for(bridge, DEFAULT_TAU if tau is None else tau)
 
-    def sampler(self, base: Sampler) -> Sampler:
-        return RedistributingSampler(base, self)
-
-    def stop_rule(self, default: StopRule) -> StopRule:
-        return default
-
-    def constraint(self, vocab_size: int) -> _FixedBias:
-        """The direct-mapped drafter tokens (the intersection q is restricted to before redistribution)."""
-        return _FixedBias(self.dm.bias(vocab_size))
+    def draft_policy(self, base: Sampler, stop: StopRule, vocab_size: int) -> DraftPolicy:
+        """Drafts in target ids from the direct-mapped drafter tokens (the intersection q is
+        restricted to before redistribution)."""
+        return DraftPolicy(RedistributingSampler(base, self), FixedConstraint(self.dm.bias(vocab_size)), stop)
 
     def forward(self, context: Sequence[int], draft: Draft) -> Translation:
         k = len(draft.tokens)
@@ -330,11 +296,27 @@ class RedistributingTranslator:
     def drafted_kept(self, draft: Draft, tr: Translation, accepted: int, proposed: list[int]) -> int:
         return accepted
 
-    def ngram_hits(self, draft: Draft, tr: Translation, proposed: int, accepted: int) -> tuple[int, int]:
-        return 0, 0
-
     def draft_target_probs(self, draft: Draft, tr: Translation, i: int) -> torch.Tensor:
         return draft.q[i]  # p' of Algorithm 1, over the target vocabulary
 
     def null_proposal(self, draft: Draft, tr: Translation, proposed: int) -> torch.Tensor | None:
         return None  # every drafted token is a target token: nothing is left unproposed
+
+
+# ---------------------------------------------------------------- the n-gram cache's verdicts
+
+
+def note_ngram_verdicts(cache: NgramCache | None, draft: Draft, tr: Translation, proposed: int,
+                        accepted: int) -> tuple[int, int]:
+    """Note in ``cache`` which of the first ``proposed`` proposals it merged and which of those the
+    target accepted (what its LRU/LFU eviction ranks by); returns (merged, of which accepted)."""
+    hits = hits_accepted = 0
+    for i in range(min(proposed, len(tr.ngram))):
+        if tr.ngram[i]:
+            key = draft.tokens[tr.spans[i][0]: tr.spans[i][1]]
+            hits += 1
+            cache.note_proposed(key)
+            if i < accepted:
+                hits_accepted += 1
+                cache.note_accepted(key)
+    return hits, hits_accepted
