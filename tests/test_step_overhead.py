@@ -1,8 +1,8 @@
 """What the drafting machinery costs a step when the cost policy declines to draft.
 
 A user whose drafter is too slow for the target gets plain target steps; the sources, the policy and
-the accounting around them must then cost next to nothing (on llama.cpp a step is ~20-40 ms, and
-docs/performance.md has the measured ratio). Time cannot be asserted in a unit test, so this counts
+the accounting around them must then cost next to nothing beside a target step (docs/performance.md
+has the measured ratio). Time cannot be asserted in a unit test, so this counts
 work instead: the Python and builtin calls of a declined step, beyond those of the same target's
 step with no machinery. A per-step scan of the vocabulary, of the context or of the cache would
 multiply them; the bound leaves room for a few small additions, no more.

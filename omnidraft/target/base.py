@@ -20,6 +20,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 
 from omnidraft.verify import get_rule
+from omnidraft.verify.greedy import argmax_rows
 from omnidraft.verify.proposal import Proposal, SamplingConfig
 from omnidraft.verify.sampling import draw, probs_from_logits
 
@@ -124,6 +125,6 @@ def decide(logits: torch.Tensor, proposal: Proposal | None, config: SamplingConf
     """(accepted, next token) from the target's rows: a plain step without a proposal, else the rule."""
     if proposal is None:
         if config.temperature <= 0:
-            return 0, int(logits[0].numpy().argmax())
+            return 0, argmax_rows(logits[:1])[0]
         return 0, draw(probs_from_logits(logits[0], config.temperature, config.top_p), generator)
     return get_rule(config.verify).verify(logits, proposal, config, generator)
