@@ -94,3 +94,26 @@ def test_omnidraft_with_ngrams_stays_close(pair):
     print(f"omnidraft with {len(ngrams)} n-grams: {ngram_hits} n-gram proposals, chi-square p {pvalue:.3g}")
     assert ngram_hits > 0
     assert pvalue > 1e-3  # eq. (2) is approximate, but not measurably so at this sample size
+
+
+def test_text_sample_output_is_the_targets_own_sample_whatever_is_drafted(pair):
+    """Sample-and-compare with per-position randomness: the tokens text-sample emits are the draws the
+    target alone makes at those positions with the same seed, however the drafts split the steps (a
+    fixed k of 2 and 5) and whether lookup or the drafter proposed them."""
+    d_model, target, bridge = pair
+    prompt = target.tokenizer.encode("the cat sat on the mat and the dog sat on the log")
+    alone = SpeculativeDecoder(target)
+    drafted = SpeculativeDecoder(target, make_drafter(d_model, bridge, target), bridge, NgramTrie(), lookup=True)
+    proposed = 0
+    references = set()
+    for seed in range(4):
+        base = DecodeConfig(max_new_tokens=24, temperature=TEMPERATURE, seed=seed, draft_stop="fixed")
+        reference = alone.generate(prompt, base).token_ids
+        references.add(tuple(reference))
+        for k in (2, 5):
+            out = drafted.generate(prompt, DecodeConfig(max_new_tokens=24, verify="text-sample", draft_len=k,
+                                                        temperature=TEMPERATURE, seed=seed, draft_stop="fixed"))
+            proposed += drafted.stats.proposed_tokens
+            assert out.token_ids == reference, (seed, k)
+    assert proposed > 40  # the steps really were split by drafts
+    assert len(references) > 1  # and the seed really changes the sample

@@ -22,7 +22,7 @@ import torch
 from omnidraft.verify import get_rule
 from omnidraft.verify.greedy import argmax_rows
 from omnidraft.verify.proposal import Proposal, SamplingConfig
-from omnidraft.verify.sampling import draw, probs_from_logits
+from omnidraft.verify.sampling import draw, probs_from_logits, step_generator
 
 
 class Target(Protocol):
@@ -90,12 +90,6 @@ class Verifier(Protocol):
                rows: RowRequest | None) -> Verdict: ...
 
     def reset(self) -> None: ...
-
-
-def step_generator(seed: int, position: int) -> torch.Generator:
-    """The randomness of the verification step at ``position``: a function of (seed, position)
-    only, so a server that holds no state between calls samples exactly what a local run would."""
-    return torch.Generator().manual_seed((int(seed) * 1_000_003 + int(position)) % (2**63))
 
 
 class LocalVerifier:

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from omnidraft.verify.proposal import Proposal, SamplingConfig, StringDistribution
-from omnidraft.verify.sampling import draw, probs_from_logits
+from omnidraft.verify.sampling import draw, position_generator, probs_from_logits
 
 
 def sample_verify(
@@ -60,25 +60,22 @@ class RejectionSampling:
 
 
 def deterministic_verify(target_probs: torch.Tensor, proposed: Sequence[int], generator: torch.Generator) -> tuple[int, int]:
-    """Rejection sampling of a deterministic draft, q = δ(t_i) at every position.
+    """Rejection sampling of a deterministic draft, q = δ(t_i) at every position, as sample-and-compare.
 
-    Speculative sampling with a point-mass proposal: accept t_i with probability min(1, p(t_i)/1) =
-    p(t_i); on rejection the residual norm(max(0, p - δ(t_i))) is p with t_i removed and
-    renormalised; after m acceptances the bonus token comes from p_{m+1}. Each emitted token is then
-    distributed exactly as the target's p, whatever the drafter proposed, so the draft can be
-    anything deterministic: the drafter's argmax through text translation (any target token), a
-    lookup in the context, or a remote draft that sends only ids.
+    At position i the target's own token x_i ~ p_i is drawn with that position's randomness
+    (``position_generator``); t_i is kept when x_i = t_i, else x_i is emitted and the step ends.
+    That keeps t_i with probability p(t_i) = min(1, p(t_i)/q(t_i)), and on rejection x_i follows p
+    with t_i removed and renormalised, norm(max(0, p − δ(t_i))): speculative sampling's residual
+    (Algorithm 1, lines 10-16, with q' = δ), so every emitted token is distributed exactly as the
+    target's p whatever was proposed. Because x_i is the very draw a plain step at that position
+    makes, the output is also *identical* to the target sampling alone with the same seed, whatever
+    was drafted, when and by whom (lookup, the drafter through text translation, a remote device).
     """
-    for i, tok in enumerate(proposed):
-        p_tok = float(target_probs[i, tok])
-        if torch.rand((), generator=generator).item() < p_tok:
-            continue
-        residual = target_probs[i].clone()
-        residual[tok] = 0.0
-        total = float(residual.sum())
-        dist = residual / total if total > 0 else target_probs[i]  # all of p on t (float rounding): t itself
-        return i, draw(dist, generator)
-    return len(proposed), draw(target_probs[len(proposed)], generator)
+    for i in range(len(proposed) + 1):
+        token = draw(target_probs[i], position_generator(generator, i))
+        if i == len(proposed) or token != proposed[i]:
+            return i, token
+    raise AssertionError("unreachable")
 
 
 class DeterministicDraftSampling:

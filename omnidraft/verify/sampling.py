@@ -7,6 +7,18 @@ import torch
 from omnidraft.verify import MIN_TEMPERATURE_F32
 
 
+def step_generator(seed: int, position: int) -> torch.Generator:
+    """The randomness of the token at ``position``: a function of (seed, position) only, so a server
+    that holds no state between calls samples exactly what a local run would."""
+    return torch.Generator().manual_seed((int(seed) * 1_000_003 + int(position)) % (2**63))
+
+
+def position_generator(step: torch.Generator, offset: int) -> torch.Generator:
+    """The randomness of the position ``offset`` tokens after the one ``step`` was made for:
+    ``step_generator(seed, position + offset)``, from the step's generator alone."""
+    return torch.Generator().manual_seed((step.initial_seed() + offset) % (2**63))
+
+
 def probs_from_logits(logits: torch.Tensor, temperature: float, top_p: float = 1.0) -> torch.Tensor:
     """Probabilities after temperature and top-p; temperature 0 is the greedy limit (one-hot argmax).
 
