@@ -11,6 +11,9 @@ One step (:meth:`SpeculativeDecoder.step`), top to bottom:
 4. context sync: every source follows the emitted text (the drafter's context by reverse
    translation), and the one that drafted learns from the verdict.
 
+A target that streams its own decode (a server over ``Decode``: ``rpc/streaming.py``) runs the
+steps itself, the device drafting ahead of it; each of its forwards comes back as a step all the same.
+
 The step returns a :class:`~omnidraft.sources.base.StepResult`; :meth:`SpeculativeDecoder._account`
 is the one place that turns it into stats and into what the cost policy learns. With no source it
 is plain target decoding on the same engine, which is what speedups are measured against.
@@ -19,7 +22,7 @@ is plain target decoding on the same engine, which is what speedups are measured
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, fields
 
 from omnidraft.config import DecodeConfig
@@ -30,9 +33,9 @@ from omnidraft.ngram.trie import NgramCache, NgramTrie
 from omnidraft.observer import DecodeObserver
 from omnidraft.sources import SOURCES, DraftSource, Parts, StepResult, StepTimes
 from omnidraft.sources.history import LookupHistory
-from omnidraft.sources.policy import CostPolicy, NoCostPolicy, SourcePolicy
+from omnidraft.sources.policy import AheadPolicy, CostPolicy, NoCostPolicy, SourcePolicy
 from omnidraft.target import Target
-from omnidraft.target.base import LocalVerifier, RowRequest, Verifier
+from omnidraft.target.base import LocalVerifier, RowRequest, Verifier, cut
 from omnidraft.vocab.bridge import VocabBridge
 from omnidraft.vocab.token_bytes import build_token_table
 
@@ -167,8 +170,10 @@ class SpeculativeDecoder:
             raise OmnidraftError("the prompt is empty")
         self.check_length(len(prompt_ids), config.max_new_tokens)
         ids = list(prompt_ids)
+        streaming = getattr(self.verifier, "streams", False)  # the target streams its decode (rpc/streaming.py)
         # the sources this request drafts with, and the policy that weighs them (one choice per request)
-        policy: SourcePolicy = self.cost_policy if config.draft_stop == "auto" and self.sources else NoCostPolicy()
+        policy: SourcePolicy = (AheadPolicy() if streaming else self.cost_policy if config.draft_stop == "auto"
+                                and self.sources else NoCostPolicy())
         sources = policy.order([s for s in self.sources if s.begin(ids, config, policy)])
         self.stats = DecodeStats()
         if self.ngrams is not None:
@@ -180,12 +185,16 @@ class SpeculativeDecoder:
         start = time.perf_counter()
         for obs in observers:
             obs.on_start(ids)
+
+        def between() -> None:  # the only moment drafter weights may change
+            for obs in observers:
+                obs.before_step()
+
+        steps = (self.verifier.steps(ids, sources, policy, config, rows, between) if streaming
+                 else self._steps(ids, sources, policy, config, rows, between))
         try:
             reads_prompt = True  # the first verify also reads the prompt: its time says nothing about V
-            while self.stats.new_tokens < config.max_new_tokens:
-                for obs in observers:
-                    obs.before_step()
-                step = self.step(ids, sources, policy, config, rows)
+            for step in steps:
                 self._account(step, policy, reads_prompt)
                 reads_prompt = False
                 for obs in observers:
@@ -196,6 +205,7 @@ class SpeculativeDecoder:
                 if step.done:
                     break
         finally:
+            steps.close()  # a stream still open is cancelled
             self.stats.wall_s = time.perf_counter() - start
             if self.ngrams is not None:
                 self.ngrams.flush()
@@ -208,6 +218,16 @@ class SpeculativeDecoder:
                 obs.on_finish()
 
     # ---- one step ------------------------------------------------------------------------------
+    def _steps(self, ids: list[int], sources: Sequence[DraftSource], policy: SourcePolicy, config: DecodeConfig,
+               rows: RowRequest | None, between: Callable[[], None]) -> Iterator[StepResult]:
+        """The request's steps, one after another; the caller appends each one's tokens to ``ids``."""
+        while self.stats.new_tokens < config.max_new_tokens:
+            between()
+            step = self.step(ids, sources, policy, config, rows)
+            yield step
+            if step.done:
+                return
+
     def step(self, ids: list[int], sources: Sequence[DraftSource], policy: SourcePolicy, config: DecodeConfig,
              rows: RowRequest | None) -> StepResult:
         """One speculative step after the context ``ids`` (see the module docstring)."""
@@ -233,7 +253,7 @@ class SpeculativeDecoder:
         times.verify_s = time.perf_counter() - t0
         # 3) accept: the proposals the rule kept, then its own token; cut at end-of-sequence and max_new_tokens
         proposed = proposal.proposed if proposal is not None else []
-        emitted, done = self._cut(proposed[: verdict.accepted] + [verdict.next_token], room + 1)
+        emitted, done = cut(proposed[: verdict.accepted] + [verdict.next_token], self.target.eos_ids, room + 1)
         drafted = len(proposal.draft.tokens) if proposal is not None and proposal.draft is not None else len(proposed)
         step = StepResult(source=source.name if source else None, key=offer.key if source else "",
                           free=source is not None and source.free, proposal=proposal, drafted=drafted,
@@ -245,13 +265,6 @@ class SpeculativeDecoder:
             s.accept(step)
         times.translate_s += time.perf_counter() - t1
         return step
-
-    def _cut(self, emitted: list[int], remaining: int) -> tuple[list[int], bool]:
-        """Cut at the first end-of-sequence token and after ``remaining`` tokens."""
-        for j, tok in enumerate(emitted):
-            if tok in self.target.eos_ids:
-                return emitted[: j + 1][:remaining], True
-        return emitted[:remaining], len(emitted) >= remaining
 
     def _account(self, step: StepResult, policy: SourcePolicy, reads_prompt: bool) -> None:
         """The one place a step is counted: the request's stats and what the policy learns."""

@@ -69,6 +69,7 @@ class RemoteOptions:
     token: str | None = None  # from --token-file or $OMNIDRAFT_TOKEN, never the command line
     deadline_s: float = 30.0
     rtt_ms: float = 0.0  # an injected round-trip delay (bench)
+    protocol: str = "stream"  # a stream per request (streaming verification), or one Verify per step
 
 
 def resolve_engine(spec: str, engine: str, dtype: str = "float32") -> str:
@@ -94,7 +95,7 @@ def load_target(spec: str, engine: str = "auto", *, home=None, dtype: str = "flo
 
         options = remote or RemoteOptions()
         return RemoteTarget(spec, token=options.token, home=home, deadline_s=options.deadline_s,
-                            rtt_ms=options.rtt_ms), None, engine
+                            rtt_ms=options.rtt_ms, protocol=options.protocol), None, engine
     if engine == "llamacpp":
         from omnidraft.target.llamacpp import LlamaCppTarget, check_gguf_file
 

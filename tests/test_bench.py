@@ -110,3 +110,17 @@ def test_an_explicit_llama_engine_applies_to_modes_without_one():
     assert on_engine(["target", "greedy"], "torch") == ["target", "greedy"]
     with pytest.raises(OmnidraftError, match="hf-uag, tli run only on torch"):
         on_engine(["target", "hf-uag", "tli"], "llamacpp")
+
+
+def test_latency_splits_a_chunks_gap_among_its_tokens():
+    from omnidraft.bench.runner import latency_ms
+
+    # prompt 1: first token at 0.1 s, then a chunk of 3 at 0.4 s (0.1 s each), then one at 0.5 s
+    # prompt 2: first at 0.3 s, one at 0.7 s
+    runs = [PromptRun([1, 2, 3, 4, 5], 0.5, 3, token_times=[0.1, 0.4, 0.4, 0.4, 0.5]),
+            PromptRun([6, 7], 0.7, 2, token_times=[0.3, 0.7])]
+    lat = latency_ms(runs)
+    assert lat["ttft_ms"] == pytest.approx(200.0)  # median of 100 and 300
+    assert lat["itl_ms_median"] == pytest.approx(100.0)  # 100, 100, 100, 100, 400
+    assert 100.0 < lat["itl_ms_p90"] <= 400.0
+    assert latency_ms([PromptRun([1], 0.1, 1, token_times=[0.05])])["itl_ms_median"] is None

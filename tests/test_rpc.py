@@ -49,8 +49,10 @@ def server(local_target):
 
 
 def remote(server, home, **kw):
+    """A client; one Verify per step unless ``protocol="stream"`` (the stream tests below)."""
     from omnidraft.rpc.client import RemoteTarget
 
+    kw.setdefault("protocol", "verify")
     return RemoteTarget(f"grpc://127.0.0.1:{server.port}", token=kw.pop("token", TOKEN), home=home, **kw)
 
 
@@ -171,6 +173,142 @@ def test_malformed_and_hostile_requests_leave_the_server_up(server, local_target
     health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5, metadata=md)
     assert health.status == health_pb2.HealthCheckResponse.SERVING
     client = remote(server, tmp_path)  # and it still serves correct output
+    ids = encode_prompt(local_target.tokenizer, "print('hello')")
+    assert SpeculativeDecoder(client).generate(ids, DecodeConfig(max_new_tokens=8)).token_ids == \
+        SpeculativeDecoder(local_target).generate(ids, DecodeConfig(max_new_tokens=8)).token_ids
+
+
+# ---- streaming: Generate (the server alone) and Decode (streaming verification)
+
+
+class Paced:
+    """The real target with every forward taking at least ``seconds``: a server slower than the
+    device's drafter, as a big target without a GPU is, so that drafts reach it in time on any CI
+    machine (the streaming mechanism is what is under test; its speed is measured by the bench)."""
+
+    def __init__(self, target, seconds: float) -> None:
+        self.target, self.seconds = target, seconds
+
+    def __getattr__(self, name):
+        return getattr(self.target, name)
+
+    def session(self):
+        return Paced(self.target.session(), self.seconds)
+
+    def score(self, ids, num_proposed):
+        start = time.monotonic()
+        logits = self.target.score(ids, num_proposed)
+        time.sleep(max(self.seconds - (time.monotonic() - start), 0.0))
+        return logits
+
+
+@pytest.fixture(scope="module")
+def paced_server(local_target):
+    from omnidraft.rpc.server import serve
+
+    served = serve(Paced(local_target, 0.25), TARGET, "llamacpp", port=0, token=TOKEN, max_sessions=2)
+    yield served
+    served.drain(grace=1)
+
+
+@pytest.mark.real
+@pytest.mark.parametrize("config", [DecodeConfig(max_new_tokens=24),
+                                    DecodeConfig(max_new_tokens=24, verify="text-sample", temperature=0.8, seed=7)],
+                         ids=["greedy", "text-sample"])
+def test_streaming_verification_gives_the_targets_own_output(paced_server, local_target, real_models, tmp_path, config):
+    """Drafts streamed up while the server decodes: the tokens are the target's own (greedy, and the
+    same sample for the same seed), and drafts that arrived in time were kept."""
+    client = remote(paced_server, tmp_path, protocol="stream")
+    through, alone = decoder_for(client, real_models), SpeculativeDecoder(local_target)
+    tokens = forwards = accepted = 0
+    for text, chat in PROMPTS:
+        ids = encode_prompt(local_target.tokenizer, text, chat=chat)
+        assert through.generate(ids, config).token_ids == alone.generate(ids, config).token_ids
+        tokens, forwards = tokens + through.stats.new_tokens, forwards + through.stats.target_forwards
+        accepted += through.stats.accepted_tokens + through.stats.lookup_accepted
+    assert accepted > 0 and forwards < tokens  # the device's drafts saved server forwards
+    assert 0 < client.bytes_sent / tokens < 200  # token ids, never logit rows
+    client.close()
+
+
+@pytest.mark.real
+def test_server_stream_is_the_target_alone_in_one_call(server, local_target, tmp_path):
+    client = remote(server, tmp_path, protocol="stream")
+    ids = encode_prompt(local_target.tokenizer, "def add(a, b):\n")
+    calls = client.calls
+    decoder = SpeculativeDecoder(client)
+    out = decoder.generate(ids, DecodeConfig(max_new_tokens=12)).token_ids
+    assert out == SpeculativeDecoder(local_target).generate(ids, DecodeConfig(max_new_tokens=12)).token_ids
+    assert client.calls - calls == 1 and decoder.stats.target_forwards == 12  # one stream, one forward per token
+    client.close()
+
+
+@pytest.mark.real
+def test_a_stream_whose_session_is_gone_resends_its_context(server, local_target, real_models, tmp_path):
+    client = remote(server, tmp_path, protocol="stream")
+    decoder, config = decoder_for(client, real_models), DecodeConfig(max_new_tokens=10)
+    ids = encode_prompt(local_target.tokenizer, "def add(a, b):\n")
+    ids += decoder.generate(ids, config).token_ids + local_target.tokenizer.encode("\n\ndef sub(a, b):\n")
+    held = len(client.server_ids)
+    server.service.sessions.clear()  # a restart, or another replica behind the balancer
+    assert decoder.generate(ids, config).token_ids == SpeculativeDecoder(local_target).generate(ids, config).token_ids
+    assert held > 0 and client.bytes_sent > 0  # it had believed the server held its context, and resent it
+
+
+@pytest.mark.real
+def test_hostile_decode_streams_leave_the_server_up_and_exact(server, local_target, tmp_path):
+    """A bounded fuzz of the streaming RPC: bytes that are no message, a stream that does not start with a
+    request, drafts with bad ids or positions, bad numbers, a second start, streams cancelled midway."""
+    from omnidraft.rpc.proto import pb
+
+    channel = grpc.insecure_channel(f"127.0.0.1:{server.port}")
+    md = (("authorization", f"Bearer {TOKEN}"),)
+    decode = channel.stream_stream("/omnidraft.v1.Target/Decode", request_serializer=lambda m: m if isinstance(m, bytes)
+                                   else m.SerializeToString(), response_deserializer=pb.Emitted.FromString)
+    rng, vocab = random.Random(31), local_target.vocab_size
+    codes: dict[str, int] = {}
+    sent = 0
+
+    def start(i: int, **kw) -> pb.DecodeUp:
+        fields = dict(session_id=f"f{i}", append=[rng.randrange(vocab) for _ in range(3)], max_new_tokens=3)
+        return pb.DecodeUp(start=pb.GenerateRequest(**(fields | kw)))
+
+    def draft(position: int, tokens: list[int]) -> pb.DecodeUp:
+        return pb.DecodeUp(draft=pb.Draft(start=position, tokens=tokens))
+
+    for i in range(FUZZ_REQUESTS // 3):
+        kind = i % 6
+        if kind == 0:
+            messages = [rng.randbytes(rng.randrange(1, 200)) for _ in range(rng.randrange(1, 4))]
+        elif kind == 1:
+            messages = [draft(3, [1, 2])]
+        elif kind == 2:
+            messages = [start(i), rng.choice([draft(3, [vocab]), draft(-1, [5]), draft(10**12, [5]), draft(3, [7] * 10**5),
+                                              start(i), rng.randbytes(20)])]
+        elif kind == 3:
+            messages = [start(i, **rng.choice([{"max_new_tokens": 0}, {"max_new_tokens": 10**9}, {"max_proposals": -1},
+                                               {"max_proposals": 10**6}, {"temperature": float("nan")}, {"rule": "bogus"},
+                                               {"session_id": ""}, {"prefix_len": 7}, {"append": []}]))]
+        else:
+            messages = [start(i)] + [draft(3 + j, [rng.randrange(vocab) for _ in range(rng.randrange(1, 6))]) for j in range(3)]
+        sent += len(messages)
+        try:
+            replies = decode(iter(messages), timeout=30, metadata=md)
+            for n, _ in enumerate(replies):
+                if kind == 4:  # cancelled after its first token
+                    replies.cancel()
+            codes["OK"] = codes.get("OK", 0) + 1
+        except grpc.RpcError as exc:
+            codes[exc.code().name] = codes.get(exc.code().name, 0) + 1
+    print(f"fuzz: {sent} messages in {FUZZ_REQUESTS // 3} streams -> {codes}")
+    assert "UNKNOWN" not in codes and "INTERNAL" not in codes and set(codes) <= {
+        "OK", "INVALID_ARGUMENT", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "CANCELLED"}
+    assert codes.get("OK", 0) >= FUZZ_REQUESTS // 3 // 6 and codes.get("INVALID_ARGUMENT", 0) >= FUZZ_REQUESTS // 3 // 6
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5, metadata=md)
+    assert health.status == health_pb2.HealthCheckResponse.SERVING
+    client = remote(server, tmp_path, protocol="stream")  # and it still streams the target's own output
     ids = encode_prompt(local_target.tokenizer, "print('hello')")
     assert SpeculativeDecoder(client).generate(ids, DecodeConfig(max_new_tokens=8)).token_ids == \
         SpeculativeDecoder(local_target).generate(ids, DecodeConfig(max_new_tokens=8)).token_ids

@@ -32,10 +32,15 @@ HF_MODES = ("hf-target", "hf-uag", "hf-lookup", "hf-uag-sample")
 LLAMA_MODES = ("llamacpp", "target@llamacpp", "greedy@llamacpp", "greedy-k4@llamacpp", "greedy-onnx@llamacpp",
                "lookup@llamacpp", "greedy-nolookup@llamacpp", "greedy-repeat@llamacpp")
 ONNX_MODES = ("greedy-onnx", "greedy-onnx@llamacpp")  # the drafter on onnxruntime (the home's export)
-ALL_MODES = OUR_MODES + ("greedy-onnx",) + HF_MODES + LLAMA_MODES
+# Against a target on a server: it decodes alone and streams (``server-stream``: what a thin client
+# has, the baseline), streaming verification (``stream``), and one Verify per step for reference:
+# per token (``target``) or per draft (``greedy`` and its token-translation variants).
+STREAM_MODES = ("server-stream", "stream")
+REMOTE_MODES = STREAM_MODES + ("target", "greedy", "greedy-ngram", "greedy-nocache")
+ALL_MODES = OUR_MODES + ("greedy-onnx",) + HF_MODES + LLAMA_MODES + STREAM_MODES
 DEFAULT_MODES = ("target", "hf-target", "hf-uag", "greedy", "greedy-ngram", "greedy-nocache", "tli", "omnidraft")
 GREEDY_MODES = ("target", "hf-target", "hf-uag", "hf-lookup", "greedy", "greedy-ngram", "greedy-nocache", "greedy-onnx",
-                "lookup", "greedy-nolookup", "greedy-repeat") + LLAMA_MODES
+                "lookup", "greedy-nolookup", "greedy-repeat") + LLAMA_MODES + STREAM_MODES
 
 
 def baseline_of(mode: str, available: Collection[str] = ()) -> str:
@@ -67,6 +72,7 @@ class PromptRun:
     lookup_steps: int = 0  # steps that verified a prompt-lookup draft instead of the drafter's
     lookup_proposed: int = 0
     lookup_accepted: int = 0
+    token_times: list[float] = field(default_factory=list)  # seconds from the request's start to each token's arrival
 
     @property
     def tokens_per_s(self) -> float:
@@ -118,12 +124,35 @@ def summarize(runs: dict[str, list[PromptRun]], baseline: str | None = "target",
             "wire_bytes_per_token": sum(r.wire_bytes for r in mode_runs) / tokens if tokens else None,
             "steps": sum(r.steps for r in mode_runs),
         }
+        row.update(latency_ms(mode_runs))
         if mode in compare and base:
             same = [r.token_ids == b.token_ids for r, b in zip(mode_runs, base)]
             row["identical_to_target"] = all(same)
             row["identical_prompts"] = sum(same)  # how many prompts, where not all (llama.cpp near-ties)
         out[mode] = row
     return out
+
+
+def latency_ms(runs: Sequence[PromptRun]) -> dict[str, float | None]:
+    """Time to first token (median over prompts) and inter-token latency (median and p90 over all
+    tokens). Tokens that arrive together share their chunk's gap: a chunk of m tokens after a gap g
+    gives each of them g / m, so a step that emits several tokens lowers the per-token latency."""
+    ttft = [r.token_times[0] for r in runs if r.token_times]
+    itl: list[float] = []
+    for r in runs:
+        times = r.token_times
+        j = 1
+        while j < len(times):
+            end = j
+            while end < len(times) and times[end] == times[j]:
+                end += 1
+            itl += [(times[j] - times[j - 1]) / (end - j)] * (end - j)
+            j = end
+    if not itl:
+        return {"ttft_ms": statistics.median(ttft) * 1000 if ttft else None, "itl_ms_median": None, "itl_ms_p90": None}
+    cuts = statistics.quantiles(itl, n=10, method="inclusive") if len(itl) > 1 else [itl[0]] * 9
+    return {"ttft_ms": statistics.median(ttft) * 1000, "itl_ms_median": statistics.median(itl) * 1000,
+            "itl_ms_p90": cuts[8] * 1000}
 
 
 # ---- modes ---------------------------------------------------------------------------------------
@@ -144,14 +173,18 @@ def our_mode(decoder: SpeculativeDecoder, config: DecodeConfig) -> ModeFn:
     def run(prompt_ids: list[int]) -> PromptRun:
         fresh(decoder)
         sent = getattr(decoder.target, "bytes_sent", 0) + getattr(decoder.target, "bytes_received", 0)
-        result = decoder.generate(prompt_ids, config)
-        s = result.stats
+        token_ids, times, start = [], [], time.perf_counter()
+        for chunk in decoder.stream_ids(prompt_ids, config):
+            now = time.perf_counter() - start
+            token_ids += chunk
+            times += [now] * len(chunk)
+        s = decoder.stats
         drafting = decoder.drafter is not None or decoder.use_lookup
         wire = getattr(decoder.target, "bytes_sent", 0) + getattr(decoder.target, "bytes_received", 0) - sent
-        return PromptRun(result.token_ids, s.wall_s, s.target_forwards, s.drafted_tokens, s.proposed_tokens,
+        return PromptRun(token_ids, s.wall_s, s.target_forwards, s.drafted_tokens, s.proposed_tokens,
                          s.accepted_tokens, s.acceptance_rate if drafting else None, s.ngram_hits_proposed,
                          s.ngram_hits_accepted, {"draft": s.draft_s, "verify": s.verify_s, "bridge": s.bridge_s, "other": s.other_s},
-                         s.steps, s.plain_steps, wire, s.lookup_steps, s.lookup_proposed, s.lookup_accepted)
+                         s.steps, s.plain_steps, wire, s.lookup_steps, s.lookup_proposed, s.lookup_accepted, times)
 
     run.decoder = decoder  # what the draft policy measured and chose, for the report
     return run
@@ -281,6 +314,11 @@ def build_modes(pipe, modes: Sequence[str], base: DecodeConfig, temperature: flo
     """
     target, drafter, bridge = pipe.decoder.target, pipe.decoder.drafter, pipe.decoder.bridge
     max_new_tokens = base.max_new_tokens
+    remote = hasattr(target, "with_protocol")  # a server: each protocol in a session of its own
+    if remote:
+        target, streamed = target.with_protocol("verify"), target.with_protocol("stream")
+    elif any(m in STREAM_MODES for m in modes):
+        raise ValueError("the server-stream and stream modes need a target on a server (--target grpc://…)")
 
     def cfg(**kw) -> DecodeConfig:
         return replace(base, **kw)
@@ -289,6 +327,9 @@ def build_modes(pipe, modes: Sequence[str], base: DecodeConfig, temperature: flo
         return our_mode(SpeculativeDecoder(target, drafter, bridge, ngrams), config)
 
     table: dict[str, Callable[[], ModeFn]] = {
+        "server-stream": lambda: our_mode(SpeculativeDecoder(streamed), cfg(verify="greedy", lookup=False)),
+        "stream": lambda: our_mode(SpeculativeDecoder(streamed, drafter, bridge, ngrams_factory()),
+                                   cfg(verify="greedy", translate="text")),
         "target": lambda: our_mode(SpeculativeDecoder(target), cfg(verify="greedy", lookup=False)),
         "target-sample": lambda: our_mode(SpeculativeDecoder(target), cfg(verify=None, temperature=temperature, lookup=False)),
         "greedy": lambda: spec(cfg(verify="greedy", translate="text"), ngrams_factory()),

@@ -72,17 +72,19 @@ def engines(args: argparse.Namespace) -> list[str]:
 
 
 def parse_modes(args: argparse.Namespace) -> list[str]:
-    from omnidraft.bench.runner import ALL_MODES
+    from omnidraft.bench.runner import ALL_MODES, REMOTE_MODES, STREAM_MODES
     from omnidraft.runtime import onnx_export_for
 
     on = engines(args)
-    default = "target,greedy" if on == ["remote"] else DEFAULT_MODES + ("," + LLAMA_DEFAULT_MODES if "llamacpp" in on else "")
+    default = "server-stream,stream,greedy" if on == ["remote"] else DEFAULT_MODES + ("," + LLAMA_DEFAULT_MODES if "llamacpp" in on else "")
     if on != ["remote"] and onnx_export_for(args.drafter, "auto") is not None:  # an export to draft from
         default += ",greedy-onnx" + (",greedy-onnx@llamacpp" if "llamacpp" in on else "")
     modes = [m.strip() for m in (args.modes or default).split(",") if m.strip()]
-    if on == ["remote"] and not set(modes) <= {"target", "greedy", "greedy-ngram", "greedy-nocache"}:
-        raise OmnidraftError("against a remote target the bench runs target, greedy, greedy-ngram and greedy-nocache "
-                             "(verification runs on the server: no transformers or llama.cpp modes here)")
+    if on == ["remote"] and not set(modes) <= set(REMOTE_MODES):
+        raise OmnidraftError(f"against a remote target the bench runs {', '.join(REMOTE_MODES)} (verification runs "
+                             "on the server: no transformers or llama.cpp modes here)")
+    if on != ["remote"] and set(modes) & set(STREAM_MODES):
+        raise OmnidraftError(f"the {' and '.join(STREAM_MODES)} modes need a target on a server (--target grpc://HOST:PORT)")
     unknown = [m for m in modes if m not in ALL_MODES]
     if unknown or not modes:
         raise OmnidraftError(f"unknown --modes {unknown or '(empty)'}; choose from {', '.join(ALL_MODES)}")
@@ -218,7 +220,7 @@ def run(args: argparse.Namespace) -> int:
                       **({"ngrams_factory": factory} if factory else {}))
     warm = encode_prompt(pipe.target_tokenizer, WARMUP_TEXT, chat=False)
     runs = run_bench(fns, prompts, warmup=warm[:16])
-    summary = summarize(runs)
+    summary = summarize(runs, baseline="server-stream" if "server-stream" in runs else "target")
     meta = run_meta(args, len(prompts)) | {"ngram_cache": args.ngram_cache, "cache_size": args.cache_size,
                                            "cache_policy": args.cache_policy or "lru", "freeze_cache": args.freeze_cache,
                                            "engines": engines(args), "policy": policy_report(fns)}

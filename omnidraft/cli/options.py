@@ -140,7 +140,12 @@ def add_model_options(parser: argparse.ArgumentParser, *, target: bool = True, d
         r.add_argument("--deadline", type=number(0, 3600, low_open=True), default=30.0,
                        help="seconds each call to the server may take (default 30)")
         r.add_argument("--rtt-ms", type=number(0, 10_000), default=0.0,
-                       help="add this many ms of round trip to every call (to measure what a network costs)")
+                       help="add this many ms of round trip to every call, half to each message of a stream "
+                            "(to measure what a network costs)")
+        r.add_argument("--remote-protocol", choices=("stream", "verify"), default="stream",
+                       help="stream (default): the server decodes each request in one stream and verifies the "
+                            "drafts the device streams up meanwhile, never waiting for them; verify: one round "
+                            "trip per draft")
     if drafter:
         g.add_argument("--drafter-backend", type=text, default="auto",
                        help="what runs the drafter: torch, onnx (the export `omnidraft export` wrote under the home), "
@@ -294,4 +299,5 @@ def remote_options(args: argparse.Namespace):
     from omnidraft.runtime import RemoteOptions
 
     token = read_token(getattr(args, "token_file", None)) if str(getattr(args, "target", "")).startswith("grpc") else None
-    return RemoteOptions(token=token, deadline_s=getattr(args, "deadline", 30.0), rtt_ms=getattr(args, "rtt_ms", 0.0))
+    return RemoteOptions(token=token, deadline_s=getattr(args, "deadline", 30.0), rtt_ms=getattr(args, "rtt_ms", 0.0),
+                         protocol=getattr(args, "remote_protocol", "stream"))

@@ -15,6 +15,7 @@ of the target locally. ``bytes_sent`` / ``bytes_received`` count message payload
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import io
 import os
@@ -23,8 +24,9 @@ import tempfile
 import time
 import uuid
 import zipfile
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
 import grpc
@@ -38,7 +40,12 @@ from omnidraft.target.base import RowRequest, SparseRows, Verdict
 from omnidraft.verify import IDS_ONLY_RULES
 from omnidraft.verify.proposal import Proposal, SamplingConfig
 
+if TYPE_CHECKING:
+    from omnidraft.sources.base import DraftSource, StepResult
+    from omnidraft.sources.policy import AheadPolicy
+
 SCHEMES = ("grpc://", "grpcs://")
+PROTOCOLS = ("stream", "verify")
 DEFAULT_DEADLINE_S = 30.0
 RETRIES = 5  # UNAVAILABLE: 0.2 + 0.4 + 0.8 + 1.6 + 3.2 s of backoff before giving up
 
@@ -57,7 +64,13 @@ class RemoteTarget:
     rules = IDS_ONLY_RULES  # only ids cross the wire
 
     def __init__(self, url: str, *, token: str | None = None, home=None, deadline_s: float = DEFAULT_DEADLINE_S,
-                 rtt_ms: float = 0.0, retries: int = RETRIES) -> None:
+                 rtt_ms: float = 0.0, retries: int = RETRIES, protocol: str = "stream") -> None:
+        """``protocol``: "stream" decodes each request over one stream (``Generate`` for the target
+        alone, ``Decode`` with drafts: streaming verification); "verify" makes one ``Verify`` call
+        per step (a round trip per draft, or per token for the target alone)."""
+        if protocol not in PROTOCOLS:
+            raise OmnidraftError(f"unknown remote protocol {protocol!r}; choose {' or '.join(PROTOCOLS)}")
+        self.protocol = protocol
         parsed = urlparse(url)
         if parsed.scheme not in ("grpc", "grpcs") or not parsed.hostname or not parsed.port:
             raise OmnidraftError(f"bad remote target {url!r}: use grpc://HOST:PORT or grpcs://HOST:PORT")
@@ -84,39 +97,66 @@ class RemoteTarget:
 
     # ---- the verifier
 
+    @property
+    def streams(self) -> bool:
+        """Requests run as one stream each (:meth:`steps`), not one ``verify`` call per step."""
+        return self.protocol == "stream"
+
+    def steps(self, ids: list[int], sources: Sequence[DraftSource], policy: AheadPolicy, config: SamplingConfig,
+              rows: RowRequest | None, between: Callable[[], None]) -> Iterator[StepResult]:
+        """The request as the server decodes it, one step per server forward (``streaming.py``)."""
+        from omnidraft.rpc.streaming import StreamRequest
+
+        return StreamRequest(self, sources, policy, config, rows, between).steps(ids)
+
+    def with_protocol(self, protocol: str) -> RemoteTarget:
+        """The same server and tokenizer over ``protocol``, in a session of its own (the bench's modes)."""
+        twin = copy.copy(self)
+        twin.protocol, twin.session_id, twin.server_ids, twin._columns_sha = protocol, uuid.uuid4().hex, [], None
+        return twin
+
     def verify(self, ids: Sequence[int], proposal: Proposal | None, config: SamplingConfig,
                rows: RowRequest | None) -> Verdict:
         proposed = list(proposal.proposed)[: self.max_draft] if proposal is not None else []
         rule = config.verify if proposal is not None else ("greedy" if config.temperature <= 0 else "text-sample")
         request = pb.VerifyRequest(session_id=self.session_id, proposed=proposed, rule=rule,
                                    temperature=config.temperature, top_p=config.top_p, seed=config.seed)
-        mask = _mask_bytes(rows.columns) if rows is not None else b""
-        if rows is not None:
-            request.logprobs_k = rows.k
         ids = list(ids)
         common = common_prefix_len(self.server_ids, ids)
         try:
-            reply = self._verify(request, ids, common, mask)
+            reply = self._verify(request, ids, common, rows)
         except _Resend:
             self._columns_sha = None
-            reply = self._verify(request, ids, 0, mask)
+            reply = self._verify(request, ids, 0, rows)
         self.server_ids = ids + proposed[: reply.accepted] + [reply.next_token]
-        return Verdict(reply.accepted, reply.next_token, _sparse(reply.rows) if rows is not None else None)
+        return Verdict(reply.accepted, reply.next_token, self.sparse(reply.rows) if rows is not None else None)
 
-    def _verify(self, request, ids: list[int], prefix: int, mask: bytes):
+    def _verify(self, request, ids: list[int], prefix: int, rows: RowRequest | None):
         request.prefix_len = prefix
         del request.append[:]
         request.append.extend(ids[prefix:])
-        if mask:
-            sha = hashlib.sha256(mask).hexdigest()
-            request.logprob_columns_sha256 = sha
-            request.logprob_columns = mask if sha != self._columns_sha else b""
-            self._columns_sha = sha
+        if rows is not None:
+            self.columns_into(request, rows)
         return self._call(self.stub.Verify, request)
 
+    def columns_into(self, request, rows: RowRequest) -> None:
+        """Ask ``request`` for the trainer's log-probs; the columns' mask travels once per session."""
+        mask = _mask_bytes(rows.columns)
+        sha = hashlib.sha256(mask).hexdigest()
+        request.logprobs_k = rows.k
+        request.logprob_columns_sha256 = sha
+        request.logprob_columns = mask if sha != self._columns_sha else b""
+        self._columns_sha = sha
+
+    @staticmethod
+    def sparse(rows) -> SparseRows:
+        """The log-prob rows of a reply as the trainer takes them."""
+        return _sparse(rows)
+
     def reset(self) -> None:
-        """Forget what the server held (the next call sends the whole context)."""
+        """Forget what the server held (the next call sends the whole context, and the columns)."""
         self.server_ids = []
+        self._columns_sha = None
 
     def close(self) -> None:
         try:
@@ -141,13 +181,13 @@ class RemoteTarget:
                     continue
                 if code == grpc.StatusCode.FAILED_PRECONDITION:
                     raise _Resend from None
-                raise OmnidraftError(self._explain(code, exc.details() or "")) from None
+                raise OmnidraftError(self.explain(code, exc.details() or "")) from None
             self.calls += 1
             self.bytes_received += reply.ByteSize()
             return reply
         raise AssertionError("unreachable")
 
-    def _explain(self, code: grpc.StatusCode, details: str) -> str:
+    def explain(self, code: grpc.StatusCode, details: str) -> str:
         where = f"the target at {self.url}"
         return {
             grpc.StatusCode.UNAUTHENTICATED: f"{where} refused the token ({details}); set $OMNIDRAFT_TOKEN or --token-file",
@@ -176,7 +216,7 @@ class RemoteTarget:
                 self.bytes_received += chunk.ByteSize()
                 yield chunk
         except grpc.RpcError as exc:
-            raise OmnidraftError(self._explain(exc.code(), exc.details() or "")) from None
+            raise OmnidraftError(self.explain(exc.code(), exc.details() or "")) from None
 
 
 def _unpack(data: bytes, folder: Path) -> None:

@@ -39,7 +39,7 @@ from grpc_reflection.v1alpha import reflection
 from omnidraft.console import notice
 from omnidraft.errors import OmnidraftError
 from omnidraft.rpc.proto import SERVICE_NAME, pb, services
-from omnidraft.target.base import decide, step_generator
+from omnidraft.target.base import cut, decide, step_generator
 from omnidraft.verify import IDS_ONLY_RULES, MIN_TEMPERATURE, MIN_TEMPERATURE_F32
 from omnidraft.verify.proposal import Proposal
 
@@ -59,6 +59,7 @@ class Session:
     columns: torch.Tensor | None = None  # the trainer's log-prob columns, once sent
     columns_sha256: str = ""
     last_used: float = field(default_factory=time.monotonic)
+    decoding: bool = False  # a Generate or Decode stream is writing it: other calls on it are refused
 
 
 class Refused(Exception):
@@ -83,6 +84,7 @@ class TargetService(services.TargetServicer):
         self.tokenizer_sha256 = hashlib.sha256(self.tokenizer_zip).hexdigest()
         self.mask_bytes = (target.vocab_size + 7) // 8
         self.verifies = 0
+        self.forwards = 0  # of Generate and Decode streams
 
     # ---- RPCs
 
@@ -101,10 +103,23 @@ class TargetService(services.TargetServicer):
         with self.table_lock:
             return pb.CloseReply(closed=self.sessions.pop(request.session_id, None) is not None)
 
+    def Generate(self, request, context):
+        yield from self._decode(request, context, None)
+
+    def Decode(self, messages, context):
+        first = next(messages, None)
+        if first is None or isinstance(first, Malformed) or first.WhichOneof("kind") != "start":
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a Decode stream starts with a GenerateRequest (start)")
+        drafts = Drafts(self.base.vocab_size, self.max_context)
+        threading.Thread(target=drafts.read, args=(messages,), daemon=True, name="omnidraft-drafts").start()
+        yield from self._decode(first.start, context, drafts)
+
     def Verify(self, request, context):
         try:
             self._check(request)
             session = self._session(request)
+            if session.decoding:
+                raise Refused(grpc.StatusCode.ABORTED, "the session is decoding in a stream; use another session_id")
             context_ids = session.ids[: request.prefix_len] + list(request.append)
             if len(context_ids) + len(request.proposed) + 1 > self.max_context:
                 raise Refused(grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -128,9 +143,79 @@ class TargetService(services.TargetServicer):
         except Refused as exc:
             context.abort(exc.code, str(exc))
 
+    def _decode(self, r, context, drafts: Drafts | None):
+        """Decode ``r.max_new_tokens`` tokens of a session, one message per forward. With ``drafts``
+        (a Decode stream) each forward verifies what is usable of the device's latest draft; the
+        loop never waits for one (no draft: a plain step). Every position's randomness is
+        ``step_generator(seed, position)``, so the tokens do not depend on the drafts."""
+        try:
+            self._check_generate(r)
+            session = self._session(r)
+            if session.decoding:
+                raise Refused(grpc.StatusCode.ABORTED, "the session is decoding in another stream; use another session_id")
+            columns = self._columns(session, r)
+        except Refused as exc:
+            context.abort(exc.code, str(exc))
+        config = SimpleNamespace(verify=r.rule or "greedy", temperature=float(r.temperature),
+                                 top_p=float(r.top_p) or 1.0, seed=int(r.seed))
+        k_max = r.max_proposals or self.max_draft
+        ids = session.ids[: r.prefix_len] + list(r.append)
+        session.ids, session.decoding, new = ids, True, 0
+        try:
+            while new < r.max_new_tokens and context.is_active():
+                if drafts is not None and drafts.error:
+                    context.abort(grpc.StatusCode.INVALID_ARGUMENT, drafts.error)
+                room = r.max_new_tokens - new - 1  # proposals that fit: the last token is the target's
+                proposed = drafts.usable(ids, min(k_max, room)) if drafts is not None and room > 0 else []
+                start = time.perf_counter()
+                with self.compute_lock:
+                    logits = session.target.score(ids + proposed, len(proposed))
+                    accepted, nxt = decide(logits, Proposal(proposed) if proposed else None, config,
+                                           step_generator(config.seed, len(ids)))
+                busy_ms = (time.perf_counter() - start) * 1000
+                emitted, done = cut(proposed[:accepted] + [nxt], self.base.eos_ids, r.max_new_tokens - new)
+                reply = pb.Emitted(position=len(ids), tokens=emitted, proposed=proposed,
+                                   accepted=min(accepted, len(emitted)), done=done, busy_ms=busy_ms)
+                if r.logprobs_k:
+                    reply.rows.extend(_rows(logits[: len(emitted)], emitted, columns, r.logprobs_k))
+                ids.extend(emitted)
+                new += len(emitted)
+                session.last_used = time.monotonic()
+                self.forwards += 1
+                if done:  # free the session before the client reads the last message and moves on
+                    session.decoding = False
+                yield reply
+                if done:
+                    return
+        finally:
+            session.decoding = False
+
     # ---- validation, before any model work
 
     def _check(self, r) -> None:
+        """A ``Verify`` request."""
+        self._check_request(r, r.proposed)
+
+    def _check_generate(self, r) -> None:
+        """A ``Generate`` request, or the first message of a ``Decode`` stream."""
+        bad = grpc.StatusCode.INVALID_ARGUMENT
+        if not 1 <= r.max_new_tokens <= self.max_context:
+            raise Refused(bad, f"max_new_tokens must be in [1, {self.max_context}]")
+        if not 0 <= r.max_proposals <= self.max_draft:
+            raise Refused(bad, f"max_proposals must be in [0, {self.max_draft}]")
+        self._check_request(r)
+        if r.prefix_len + len(r.append) + r.max_new_tokens > self.max_context:
+            raise Refused(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                          f"context {r.prefix_len + len(r.append)} + {r.max_new_tokens} new tokens exceed the "
+                          f"{self.max_context}-token limit of a session")
+
+    def _check_ids(self, ids) -> None:
+        vocab = self.base.vocab_size
+        if any(t < 0 or t >= vocab for t in ids):
+            raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"token ids must be in [0, {vocab})")
+
+    def _check_request(self, r, proposed=()) -> None:
+        """What every request that starts work carries: the session, its context (and proposals), the sampling."""
         bad = grpc.StatusCode.INVALID_ARGUMENT
         if not r.session_id or len(r.session_id) > MAX_SESSION_ID:
             raise Refused(bad, f"session_id must be 1..{MAX_SESSION_ID} characters")
@@ -138,11 +223,10 @@ class TargetService(services.TargetServicer):
             raise Refused(bad, "prefix_len must be >= 0")
         if r.prefix_len + len(r.append) > self.max_context:
             raise Refused(grpc.StatusCode.RESOURCE_EXHAUSTED, f"context over the {self.max_context}-token limit")
-        if len(r.proposed) > self.max_draft:
-            raise Refused(grpc.StatusCode.RESOURCE_EXHAUSTED, f"{len(r.proposed)} proposals, at most {self.max_draft}")
-        vocab = self.base.vocab_size
-        if any(t < 0 or t >= vocab for t in r.append) or any(t < 0 or t >= vocab for t in r.proposed):
-            raise Refused(bad, f"token ids must be in [0, {vocab})")
+        if len(proposed) > self.max_draft:
+            raise Refused(grpc.StatusCode.RESOURCE_EXHAUSTED, f"{len(proposed)} proposals, at most {self.max_draft}")
+        self._check_ids(r.append)
+        self._check_ids(proposed)
         if r.prefix_len + len(r.append) == 0:
             raise Refused(bad, "the context is empty")
         if (r.rule or "greedy") not in IDS_ONLY_RULES:
@@ -172,8 +256,12 @@ class TargetService(services.TargetServicer):
             if session is None:
                 if r.prefix_len:
                     raise Refused(grpc.StatusCode.FAILED_PRECONDITION, "unknown session: resend the whole context")
-                if len(self.sessions) >= self.max_sessions:
-                    self.sessions.popitem(last=False)  # the least recently used
+                if len(self.sessions) >= self.max_sessions:  # the least recently used goes, unless it is decoding
+                    idle = next((sid for sid, sess in self.sessions.items() if not sess.decoding), None)
+                    if idle is None:
+                        raise Refused(grpc.StatusCode.UNAVAILABLE,
+                                      f"all {self.max_sessions} sessions are decoding; try again shortly")
+                    del self.sessions[idle]
                 session = self.sessions[r.session_id] = Session(self.base.session())
             elif r.prefix_len > len(session.ids):
                 raise Refused(grpc.StatusCode.FAILED_PRECONDITION,
@@ -194,6 +282,52 @@ class TargetService(services.TargetServicer):
         if r.logprobs_k > len(session.columns):
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "logprobs_k exceeds the number of columns")
         return session.columns
+
+
+class Drafts:
+    """What a device drafted ahead in a Decode stream: target ids at positions [start, start + len).
+
+    A reader thread puts each Draft message in as it arrives; each one is the device's whole
+    continuation after the text it had heard, so it replaces the one before. The decode loop takes
+    the part that continues what it has emitted."""
+
+    def __init__(self, vocab_size: int, limit: int) -> None:
+        self.vocab_size, self.limit = vocab_size, limit
+        self.lock = threading.Lock()
+        self.start, self.tokens = 0, []
+        self.error: str | None = None  # a bad message: the stream ends with INVALID_ARGUMENT
+
+    def read(self, messages) -> None:
+        try:
+            for message in messages:
+                if isinstance(message, Malformed) or message.WhichOneof("kind") != "draft":
+                    self.error = "after the first message a Decode stream carries drafts only"
+                    return
+                self.put(message.draft.start, list(message.draft.tokens))
+                if self.error:
+                    return
+        except Exception:  # noqa: BLE001 - the stream ended or was cancelled: no more drafts
+            return
+
+    def put(self, start: int, tokens: list[int]) -> None:
+        if start < 0 or start + len(tokens) > self.limit:
+            self.error = f"a draft must lie within the {self.limit}-token context"
+        elif any(t < 0 or t >= self.vocab_size for t in tokens):
+            self.error = f"token ids must be in [0, {self.vocab_size})"
+        if self.error:
+            return
+        with self.lock:
+            self.start, self.tokens = start, tokens
+
+    def usable(self, ids: list[int], k: int) -> list[int]:
+        """Up to ``k`` drafted tokens after ``ids``, if the draft agrees with all of ``ids`` it covers
+        (what the server emitted meanwhile is trimmed off: a draft that foresaw it still counts)."""
+        with self.lock:
+            offset = len(ids) - self.start
+            if offset < 0 or offset > len(self.tokens) or self.tokens[:offset] != ids[self.start:]:
+                return []
+            self.start, self.tokens = len(ids), self.tokens[offset:]
+            return self.tokens[:k]
 
 
 class Malformed:
@@ -230,6 +364,11 @@ def _handlers(service: TargetService) -> grpc.GenericRpcHandler:
     table["Tokenizer"] = grpc.unary_stream_rpc_method_handler(
         _checked(service.Tokenizer), request_deserializer=_lenient(pb.TokenizerRequest),
         response_serializer=pb.TokenizerChunk.SerializeToString)
+    table["Generate"] = grpc.unary_stream_rpc_method_handler(
+        _checked(service.Generate), request_deserializer=_lenient(pb.GenerateRequest),
+        response_serializer=pb.Emitted.SerializeToString)
+    table["Decode"] = grpc.stream_stream_rpc_method_handler(  # each message is checked as the stream reads it
+        service.Decode, request_deserializer=_lenient(pb.DecodeUp), response_serializer=pb.Emitted.SerializeToString)
     return grpc.method_handlers_generic_handler(SERVICE_NAME, table)
 
 

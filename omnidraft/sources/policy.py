@@ -161,6 +161,17 @@ class NoCostPolicy:
         pass
 
 
+class AheadPolicy(NoCostPolicy):
+    """Drafting ahead of a target that streams its own decode (``rpc/streaming.py``): the drafting
+    overlaps the target's forwards and delays none of them, so every source drafts what it is
+    allowed, in fixed-length chunks, and the target decides how much of it to verify."""
+
+    def stop_rule(self, k_max: int, head: AcceptHead | None) -> StopRule:
+        from omnidraft.drafter.policy import FixedLength
+
+        return FixedLength()
+
+
 class CostPolicy:
     """The measured costs and acceptance statistics of one drafter–target pair on this machine."""
 

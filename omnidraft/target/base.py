@@ -114,6 +114,15 @@ class LocalVerifier:
         self.target.reset()
 
 
+def cut(emitted: list[int], eos_ids: frozenset[int], remaining: int) -> tuple[list[int], bool]:
+    """A step's tokens cut at the first end-of-sequence token and after ``remaining`` tokens, and
+    whether the request ends with them."""
+    for j, tok in enumerate(emitted):
+        if tok in eos_ids:
+            return emitted[: j + 1][:remaining], True
+    return emitted[:remaining], len(emitted) >= remaining
+
+
 def decide(logits: torch.Tensor, proposal: Proposal | None, config: SamplingConfig,
            generator: torch.Generator) -> tuple[int, int]:
     """(accepted, next token) from the target's rows: a plain step without a proposal, else the rule."""

@@ -1,0 +1,292 @@
+"""Streaming verification, the device's half: draft ahead of the server and never make it wait.
+
+With one ``Verify`` per draft the server idles while the device drafts and both idle for every
+round trip, so against a server that simply streams its own decode (``Generate``) a device drafter
+loses at any real RTT. Over ``Decode`` (one bidirectional stream per request) the two overlap, as in
+SpecEdge (arXiv 2505.17052) and AMUSD:
+
+- the server decodes continuously; each forward verifies what is usable of the latest draft that
+  continues what it has emitted, or is a plain step when there is none (``server.py``, ``Drafts``);
+- the device drafts ahead on its own thread (:class:`Device`): on top of the emitted text it
+  assumes its own unconfirmed proposals were kept (``ahead``), and sends each chunk as it is drafted;
+- each forward's tokens come down as one message and go to the caller at once, drafting or not.
+  Where they agree with ``ahead`` the device goes on; where they differ it drops ``ahead`` and its
+  sources begin again on the emitted text.
+
+The server picks every token by the rule with per-position randomness, so the output is the
+target's own (greedy: identical; text-sample: the same sample for the same seed) whatever the
+device drafted and whenever it arrived. A stream that breaks is reopened with the context the
+server is believed to hold (FAILED_PRECONDITION: all of it), like a ``Verify`` session.
+
+Steps come out as :class:`~omnidraft.sources.base.StepResult`, one per server forward, so the
+decoder counts them as it counts local steps.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import grpc
+
+from omnidraft.config import DecodeConfig
+from omnidraft.errors import OmnidraftError
+from omnidraft.kv import common_prefix_len
+from omnidraft.rpc.proto import pb
+from omnidraft.sources.base import DraftSource, StepResult, StepTimes
+from omnidraft.sources.policy import AheadPolicy
+from omnidraft.verify.proposal import Proposal
+
+if TYPE_CHECKING:
+    from omnidraft.rpc.client import RemoteTarget
+    from omnidraft.target.base import RowRequest
+
+CHUNK = 2  # tokens a source drafts per message: small, so each reaches the server soon
+AHEAD = 8  # the device drafts up to max_proposals + this many tokens past what it has seen
+SYNC = "target"  # the StepResult source name of tokens the server emitted beyond the device's draft
+STOP = object()
+
+
+@dataclass
+class _Message:
+    due: float  # when it may be read (an injected network delay)
+    value: object  # an Emitted, an RpcError, or None at the end of the stream
+
+
+class Device(threading.Thread):
+    """The device's drafting thread for one stream: it owns the draft sources while the stream lasts.
+
+    It learns what the server emitted from :meth:`emitted` (called by the reader of the stream) and
+    drafts whenever it is not ``AHEAD`` tokens beyond that, one chunk at a time."""
+
+    def __init__(self, request: StreamRequest, ids: list[int], send: Callable[[int, list[int]], None]) -> None:
+        super().__init__(daemon=True, name="omnidraft-device")
+        self.request, self.send = request, send
+        self.text = list(ids)  # the emitted text as far as the device has heard
+        self.ahead: list[int] = []  # its unconfirmed continuation, as sent
+        self.updates: queue.SimpleQueue = queue.SimpleQueue()
+        self.source_at: dict[int, str] = {}  # position -> the source that drafted the token sent there
+        self.error: BaseException | None = None
+        self.limit = request.k_max + AHEAD
+
+    def emitted(self, position: int, tokens: list[int]) -> None:
+        self.updates.put((position, tokens))
+
+    def stop(self) -> None:
+        self.updates.put(STOP)
+
+    def run(self) -> None:
+        try:
+            self._loop()
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread, which raises it
+            self.error = exc
+
+    def _loop(self) -> None:
+        rewind = idle = False
+        while True:
+            block = idle or len(self.ahead) >= self.limit or self.request.room(self.text, self.ahead) <= 0
+            while True:  # every update that has come, waiting for one only when there is nothing to draft
+                try:
+                    update = self.updates.get(block=block)
+                except queue.Empty:
+                    break
+                if update is STOP:
+                    return
+                rewind |= self._follow(*update)
+                idle = block = False
+            if rewind:
+                for s in self.request.sources:
+                    s.begin(self.text, self.request.config, self.request.policy)
+                rewind = False
+            if not self._draft():
+                # nothing came of it: on top of its own unconfirmed tokens (a word that re-tokenizes across
+                # them) the device begins again from the emitted text; on the emitted text it waits for more
+                rewind, idle = bool(self.ahead), not self.ahead
+                self.ahead = []
+
+    def _follow(self, position: int, tokens: list[int]) -> bool:
+        """Keep what of ``ahead`` agrees with what the server emitted; True: the sources must begin again."""
+        if position != len(self.text):
+            raise OmnidraftError(f"the server streamed position {position}, the device expected {len(self.text)}")
+        self.text += tokens
+        agreed = common_prefix_len(self.ahead, tokens)
+        if agreed == len(tokens):
+            del self.ahead[:agreed]
+            return False
+        if agreed == len(self.ahead):  # the server went past the draft: the sources follow the text
+            beyond = StepResult(source=SYNC, key="", free=False, proposal=None, drafted=0, accepted=0,
+                                emitted=tokens[agreed:], done=False, rows=None, times=StepTimes())
+            for s in self.request.sources:
+                s.accept(beyond)
+            self.ahead = []
+            return False
+        self.ahead = []  # the server refused part of the draft
+        return True
+
+    def _draft(self) -> bool:
+        """One chunk from the first source with an offer, sent at once; every source follows it as if
+        it had been kept. False: nothing to draft on this text (wait for the server)."""
+        request = self.request
+        request.between()
+        context = self.text + self.ahead
+        room = request.room(self.text, self.ahead)
+        for source in request.sources:
+            offer = source.offer(context, room)
+            if offer is None:
+                continue
+            proposal = source.draft(context, offer, offer.limit if source.free else min(CHUNK, offer.limit), StepTimes())
+            proposal.proposed = proposal.proposed[:room]
+            if not proposal.proposed:
+                return False
+            n = len(proposal.proposed)
+            for j in range(n):
+                self.source_at[len(context) + j] = source.name
+            self.send(len(self.text), self.ahead + list(proposal.proposed))  # the whole continuation, each time
+            drafted = len(proposal.draft.tokens) if proposal.draft is not None else n
+            assumed = StepResult(source=source.name, key=offer.key, free=source.free, proposal=proposal,
+                                 drafted=drafted, accepted=n, emitted=list(proposal.proposed), done=False,
+                                 rows=None, times=StepTimes(), kept=n)
+            for s in request.sources:
+                s.accept(assumed)
+            self.ahead += proposal.proposed
+            request.drafted += n
+            return True
+        return False
+
+
+class StreamRequest:
+    """One request over ``Generate`` (no sources) or ``Decode``; see the module docstring."""
+
+    def __init__(self, remote: RemoteTarget, sources: Sequence[DraftSource], policy: AheadPolicy, config: DecodeConfig,
+                 rows: RowRequest | None, between: Callable[[], None]) -> None:
+        self.remote, self.sources, self.config, self.rows, self.between = remote, list(sources), config, rows, between
+        self.policy = policy  # the sources began the request with it
+        self.emitted = 0  # tokens of this request the server emitted so far
+        self.k_max = min(config.draft_len, remote.max_draft)
+        self.half_rtt = remote.rtt_s / 2
+        self.drafted = 0  # target ids the device sent up (verified or not)
+        self.prompt_len = 0
+
+    def room(self, text: list[int], ahead: list[int]) -> int:
+        """Proposals that can still be verified after ``text + ahead`` (the request's last token is the target's)."""
+        return self.config.max_new_tokens - (len(text) - self.prompt_len) - len(ahead) - 1
+
+    def steps(self, ids: list[int]) -> Iterator[StepResult]:
+        """One StepResult per server forward; the caller appends each one's tokens to ``ids``."""
+        self.prompt_len = len(ids)
+        attempt = 0
+        while True:
+            try:
+                for step in self._stream(ids, self.config.max_new_tokens - self.emitted):
+                    attempt = 0
+                    yield step
+                    if step.done:
+                        return
+                return  # the server ended the stream at max_new_tokens
+            except grpc.RpcError as exc:
+                code = exc.code()
+                if code == grpc.StatusCode.FAILED_PRECONDITION and self.remote.server_ids:
+                    self.remote.reset()  # the server does not hold what we believed: resend all of it
+                elif code == grpc.StatusCode.UNAVAILABLE and attempt < self.remote.retries:
+                    time.sleep(0.2 * 2**attempt)
+                    attempt += 1
+                else:
+                    raise OmnidraftError(self.remote.explain(code, exc.details() or "")) from None
+                for s in self.sources:  # the new stream starts from the emitted text
+                    s.begin(ids, self.config, self.policy)
+
+    # ---- one stream
+
+    def _stream(self, ids: list[int], remaining: int) -> Iterator[StepResult]:
+        remote = self.remote
+        prefix = common_prefix_len(remote.server_ids, ids)
+        start = pb.GenerateRequest(session_id=remote.session_id, prefix_len=prefix, append=ids[prefix:],
+                                   max_new_tokens=remaining, rule=_rule(self.config), temperature=self.config.temperature,
+                                   top_p=self.config.top_p, seed=self.config.seed, max_proposals=self.k_max)
+        if self.rows is not None:
+            remote.columns_into(start, self.rows)
+        outbox: queue.SimpleQueue = queue.SimpleQueue()
+        inbox: queue.SimpleQueue = queue.SimpleQueue()
+        device = None
+        if self.sources:
+            call = remote.stub.Decode(self._up(pb.DecodeUp(start=start), outbox), metadata=remote.metadata)
+            device = Device(self, ids, lambda position, tokens: self._send(outbox, position, tokens))
+            device.start()
+        else:
+            remote.bytes_sent += start.ByteSize()
+            time.sleep(self.half_rtt)
+            call = remote.stub.Generate(start, metadata=remote.metadata)
+        remote.calls += 1
+        threading.Thread(target=self._down, args=(call, inbox), daemon=True, name="omnidraft-stream").start()
+        try:
+            yield from self._read(ids, inbox, device)
+        finally:
+            outbox.put(None)
+            call.cancel()
+            if device is not None:
+                device.stop()
+                device.join()
+
+    def _read(self, ids: list[int], inbox: queue.SimpleQueue, device: Device | None) -> Iterator[StepResult]:
+        while True:
+            try:
+                item = inbox.get(timeout=self.remote.deadline_s)
+            except queue.Empty:
+                raise OmnidraftError(f"the target at {self.remote.url} sent nothing for "
+                                     f"{self.remote.deadline_s:g} s (deadline exceeded)") from None
+            time.sleep(max(item.due - time.monotonic(), 0.0))
+            message = item.value
+            if device is not None and device.error is not None:
+                raise device.error
+            if message is None:
+                return
+            if isinstance(message, grpc.RpcError):
+                raise message
+            if message.position != len(ids):
+                raise OmnidraftError(f"the target at {self.remote.url} streamed position {message.position}, "
+                                     f"expected {len(ids)}")
+            tokens, proposed = list(message.tokens), list(message.proposed)
+            if device is not None:
+                device.emitted(message.position, tokens)
+            self.remote.server_ids = ids + tokens
+            self.emitted += len(tokens)
+            source = (device.source_at.get(message.position, "drafter") if device is not None else None) if proposed else None
+            free = source is not None and any(s.free for s in self.sources if s.name == source)
+            yield StepResult(source=source, key="", free=free, proposal=Proposal(proposed) if proposed else None,
+                             drafted=len(proposed), accepted=message.accepted, emitted=tokens, done=message.done,
+                             rows=self.remote.sparse(message.rows) if self.rows is not None else None,
+                             times=StepTimes(verify_s=message.busy_ms / 1000), kept=message.accepted)
+
+    # ---- the wire
+
+    def _send(self, outbox: queue.SimpleQueue, position: int, tokens: list[int]) -> None:
+        message = pb.DecodeUp(draft=pb.Draft(start=position, tokens=tokens))
+        self.remote.bytes_sent += message.ByteSize()
+        outbox.put(_Message(time.monotonic() + self.half_rtt, message))
+
+    def _up(self, first, outbox: queue.SimpleQueue):
+        """The request stream: the start, then each draft when its injected delay has passed."""
+        self.remote.bytes_sent += first.ByteSize()
+        time.sleep(self.half_rtt)
+        yield first
+        while (item := outbox.get()) is not None:
+            time.sleep(max(item.due - time.monotonic(), 0.0))
+            yield item.value
+
+    def _down(self, call, inbox: queue.SimpleQueue) -> None:
+        """Every reply into ``inbox`` with its arrival time plus the injected delay; then None or the error."""
+        try:
+            for message in call:
+                self.remote.bytes_received += message.ByteSize()
+                inbox.put(_Message(time.monotonic() + self.half_rtt, message))
+            inbox.put(_Message(0.0, None))
+        except grpc.RpcError as exc:
+            inbox.put(_Message(0.0, None if exc.code() == grpc.StatusCode.CANCELLED else exc))
+
+
+def _rule(config: DecodeConfig) -> str:
+    return "greedy" if config.temperature <= 0 else "text-sample"
