@@ -3,7 +3,9 @@ so the one-time dequantization is reused by later local runs; CI builds it fresh
 
 from __future__ import annotations
 
+import io
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -58,3 +60,83 @@ def real_pipeline(real_models):
         return cache[target_spec]
 
     return get
+
+
+class CliRun:
+    """What an in-process ``omnidraft ARGV`` gave: exit status, stdout, stderr (as a subprocess's)."""
+
+    def __init__(self, returncode: int, stdout: str, stderr: str) -> None:
+        self.returncode, self.stdout, self.stderr = returncode, stdout, stderr
+
+
+class _NoTTY(io.StringIO):
+    def isatty(self) -> bool:
+        return False
+
+
+@pytest.fixture(scope="session")
+def cli(real_models):
+    """``cli(*argv, home=PATH)``: the real CLI's ``main(argv)`` in this process, for the real-model
+    cases that are not about the process itself (exit codes, signals and the serve process stay
+    subprocesses). It saves a subprocess's ~10 s of importing torch/transformers, and the builtin
+    models come from the session's loaded ones (the drafter as a fresh deep copy each time: a pipeline
+    converts it to bfloat16 and may merge an adapter into it), with one vocabulary bridge per pair of
+    them. $OMNIDRAFT_HOME, the cwd, stdin, the loader and the bridge are restored after each call."""
+    import copy
+    from contextlib import redirect_stderr, redirect_stdout
+
+    from omnidraft import models, runtime
+    from omnidraft.cli import main
+
+    shared = {DRAFTER, *TARGETS}
+    kept: dict[int, object] = {}  # id -> tokenizer of the session's models (alive all session: ids stay theirs)
+    bridges: dict[tuple, object] = {}
+    real_bridge = runtime.VocabBridge
+
+    def bridge(d_tok, t_tok, d_vocab: int, t_vocab: int):
+        """One bridge per pair of the session's tokenizers (it is a pure function of them)."""
+        lasting = lambda tok: kept.get(id(tok)) is tok or any(tok is t for t in models._TOKENIZERS.values())  # noqa: E731
+        if not (lasting(d_tok) and lasting(t_tok)):
+            return real_bridge(d_tok, t_tok, d_vocab, t_vocab)
+        key = (id(d_tok), id(t_tok), d_vocab, t_vocab)
+        if key not in bridges:
+            bridges[key] = real_bridge(d_tok, t_tok, d_vocab, t_vocab)
+        return bridges[key]
+
+    def run(*argv: str, home: Path | None = None, stdin: str = "") -> CliRun:
+        original = models.load
+
+        def load(spec, home=None, dtype="float32", progress=True):
+            if spec in shared and dtype == "float32":
+                models.load = original  # real_models loads through models.load on its first call
+                try:
+                    model, tok = real_models(spec)
+                finally:
+                    models.load = load
+                kept[id(tok)] = tok
+                return (copy.deepcopy(model) if spec == DRAFTER else model), tok
+            return original(spec, home=home, dtype=dtype, progress=progress)
+
+        out, err = io.StringIO(), io.StringIO()
+        old_env, old_stdin, old_cwd = os.environ.get("OMNIDRAFT_HOME"), sys.stdin, os.getcwd()
+        os.environ["OMNIDRAFT_HOME"] = str(home or TEST_HOME)
+        sys.stdin = _NoTTY(stdin)
+        models.load, runtime.VocabBridge = load, bridge
+        try:
+            with redirect_stdout(out), redirect_stderr(err):
+                try:
+                    code = main(list(argv))
+                except SystemExit as exc:  # argparse's own exit (bad options)
+                    code = exc.code if isinstance(exc.code, int) else 1
+        finally:
+            models.load, runtime.VocabBridge = original, real_bridge
+            os.chdir(old_cwd)
+            sys.stdin = old_stdin
+            if old_env is None:
+                os.environ.pop("OMNIDRAFT_HOME", None)
+            else:
+                os.environ["OMNIDRAFT_HOME"] = old_env
+            torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+        return CliRun(code, out.getvalue(), err.getvalue())
+
+    return run

@@ -1,4 +1,5 @@
-"""The real CLI in a subprocess: JSON output on the real models, and bad input -> one line, exit 2."""
+"""The real CLI: bad input -> one line, exit 2 (in a subprocess, as a user meets it), and JSON output
+on the real models (in this process, with the session's models: those cases are about the commands)."""
 
 from __future__ import annotations
 
@@ -78,12 +79,12 @@ def test_corrupt_local_model_folder(tmp_path):
 
 
 @pytest.mark.real
-def test_generate_json_matches_target_alone():
+def test_generate_json_matches_target_alone(cli):
     prompt = "def is_palindrome(s):\n"
     common = ["generate", "--target", "builtin:qwen2.5-coder-0.5b", "--prompt", prompt, "--max-new-tokens", "24", "--json",
               "--engine", "torch", "--draft-stop", "confidence"]  # memory-bound: drafting pays, and must happen here
-    spec = omnidraft(*common, "--drafter", DRAFTER)
-    alone = omnidraft(*common, "--drafter", "none")
+    spec = cli(*common, "--drafter", DRAFTER)
+    alone = cli(*common, "--drafter", "none")
     assert spec.returncode == 0 and alone.returncode == 0, spec.stderr + alone.stderr
     a, b = json.loads(spec.stdout), json.loads(alone.stdout)
     assert a["token_ids"] == b["token_ids"] and a["text"] == b["text"] and len(a["token_ids"]) == 24
@@ -95,37 +96,38 @@ def test_generate_json_matches_target_alone():
 
 
 @pytest.mark.real
-def test_second_run_starts_with_the_ngrams_the_first_learned(tmp_path):
-    """The pair's n-gram cache persists under $OMNIDRAFT_HOME/cache_store across processes."""
+def test_second_run_starts_with_the_ngrams_the_first_learned(tmp_path, cli):
+    """The pair's n-gram cache persists under $OMNIDRAFT_HOME/cache_store from one run to the next
+    (two runs of the CLI in this process: the second opens the store from disk, as a new process does)."""
     home = tmp_path / "home"
     home.mkdir()
     (home / "models").symlink_to(TEST_HOME / "models", target_is_directory=True)  # reuse dequantized models
     prompt = "Schreibe eine kurze Geschichte über einen Drachen, der Käse liebt."  # German: rich in 1->n splits
     args = ["--home", str(home), "generate", "--target", "builtin:qwen2.5-coder-0.5b", "--drafter", DRAFTER, "--engine", "torch",
-            "--prompt", prompt, "--chat", "--max-new-tokens", "48", "--json",
+            "--prompt", prompt, "--chat", "--max-new-tokens", "32", "--json",
             "--draft-stop", "fixed", "--draft-len", "4", "--no-lookup"]  # the drafter drafts every step, whatever
     # this machine's costs would make the cost-aware policy choose (n-grams are learned from drafts)
-    first = omnidraft(*args)
+    first = cli(*args)
     assert first.returncode == 0, first.stderr
     s1 = json.loads(first.stdout)["stats"]
     assert s1["ngram_cache_entries_at_start"] == 0 < s1["ngram_cache_entries_at_end"]
     assert list((home / "cache_store").glob("*.sqlite"))
-    second = omnidraft(*args)
+    second = cli(*args)
     s2 = json.loads(second.stdout)["stats"]
     assert s2["ngram_cache_entries_at_start"] == s1["ngram_cache_entries_at_end"]
 
 
 @pytest.mark.real
-def test_slrs_with_a_lookahead_whose_tree_blows_up_is_one_line():
+def test_slrs_with_a_lookahead_whose_tree_blows_up_is_one_line(cli):
     """SmolLM2 -> Qwen2.5: at lookahead 3 some target token needs over 64 drafter forwards per ψ."""
-    proc = omnidraft("generate", "--engine", "torch", "--prompt", "def f(", "--temperature", "0.7", "--verify", "slrs",
+    proc = cli("generate", "--engine", "torch", "--prompt", "def f(", "--temperature", "0.7", "--verify", "slrs",
                      "--slrs-lookahead", "3", "--max-new-tokens", "4")
     assert_one_line_error(proc, "lookahead 3", "drafter forwards")
 
 
 @pytest.mark.real
-def test_experiment_sampling_reports_every_rule_and_the_slrs_cost(tmp_path):
-    proc = omnidraft("experiment", "sampling", "--engine", "torch", "--prompts", "humaneval", "--n", "1",
+def test_experiment_sampling_reports_every_rule_and_the_slrs_cost(tmp_path, cli):
+    proc = cli("experiment", "sampling", "--engine", "torch", "--prompts", "humaneval", "--n", "1",
                      "--positions", "6", "--taus", "0.25,1", "--out", str(tmp_path))
     assert proc.returncode == 0, proc.stderr
     text = (tmp_path / "sampling.md").read_text()

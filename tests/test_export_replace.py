@@ -111,6 +111,23 @@ def test_what_the_old_rmtree_replace_left_is_repaired(sources, logits, tmp_path)
     assert siblings(out) == []
 
 
+def test_an_older_versions_pidless_temp_folders_are_removed_by_the_next_export(sources, logits, tmp_path):
+    """Older versions named their temporary folder `.<name>-xxxxxxxx` (mkdtemp, no pid). They predate
+    the writer lock, so under the lock no live writer can own one: the next export removes them,
+    complete or not, beside an export in place (a complete one does not replace the newer export).
+    A file of that shape is not a folder of ours and stays."""
+    out = copy_export(sources["old"], tmp_path / "export" / "d-fp32")
+    partial = copy_export(sources["new"], out.parent / ".d-fp32-q7w8e9r0")
+    (partial / "manifest.json").unlink()
+    complete = copy_export(sources["new"], out.parent / ".d-fp32-k2j4h5g6")
+    (out.parent / ".d-fp32-a1b2c3d4").write_text("not ours")
+    assert {(p.name, pid) for p, kind, pid in ef.leftovers(out)} == {(partial.name, None), (complete.name, None)}
+    proc = run_writer(sources["new"], out)
+    assert proc.returncode == 0, proc.stderr
+    assert _which(out, logits) == "new"
+    assert siblings(out) == [".d-fp32-a1b2c3d4"]
+
+
 def test_a_folder_omnidraft_did_not_write_is_never_replaced(sources, tmp_path):
     out = tmp_path / "export" / "mine"
     (out / "notes").mkdir(parents=True)

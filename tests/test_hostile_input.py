@@ -409,8 +409,9 @@ def test_online_learning_on_a_locked_folder_starts_no_trainer(tmp_path: Path):
 @pytest.fixture(scope="module")
 def shared_models(real_models):
     """Model loads in this module come from models loaded once: the session's target, and a fresh
-    copy of a pristine drafter for every pipeline (a pipeline converts it and may merge an adapter)."""
-    from omnidraft import models
+    copy of a pristine drafter for every pipeline (a pipeline converts it and may merge an adapter);
+    the pipelines of that pair share one vocabulary bridge."""
+    from omnidraft import models, runtime
 
     original = models.load
     pristine, drafter_tok = original(DRAFTER, home=TEST_HOME, progress=False)
@@ -428,9 +429,20 @@ def shared_models(real_models):
     def gguf_of(spec, home=None, progress=True):  # the test home's assembled builtin GGUF, not a 0.5 GB copy per home
         return original_gguf(spec, TEST_HOME if models.builtin(spec) else home, progress=False)
 
-    models.load, models.gguf_of = load, gguf_of
+    original_bridge, bridges = runtime.VocabBridge, {}
+
+    def bridge(d_tok, t_tok, d_vocab, t_vocab):  # one bridge per pair of lasting tokenizers (a pure function of them)
+        lasting = t_tok is targets[TARGET][1] or any(t_tok is t for t in models._TOKENIZERS.values())  # llama.cpp's
+        if d_tok is not drafter_tok or not lasting:
+            return original_bridge(d_tok, t_tok, d_vocab, t_vocab)
+        key = (id(t_tok), d_vocab, t_vocab)
+        if key not in bridges:
+            bridges[key] = original_bridge(d_tok, t_tok, d_vocab, t_vocab)
+        return bridges[key]
+
+    models.load, models.gguf_of, runtime.VocabBridge = load, gguf_of, bridge
     yield
-    models.load, models.gguf_of = original, original_gguf
+    models.load, models.gguf_of, runtime.VocabBridge = original, original_gguf, original_bridge
 
 
 def _real_adapter(real_models, folder: Path) -> None:

@@ -108,10 +108,11 @@ def _cli(*args: str, code: str | None = None) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.real
-def test_generate_runs_builtin_targets_on_llama_cpp_by_default():
+def test_generate_runs_builtin_targets_on_llama_cpp_by_default(cli):
+    """`generate` with no --engine (the CLI in this process, the session's models)."""
     common = ["generate", "--prompt", "def add(a, b):\n", "--max-new-tokens", "16"]
-    spec = _cli(*common)
-    alone = _cli(*common, "--drafter", "none")
+    spec = cli(*common)
+    alone = cli(*common, "--drafter", "none")
     assert spec.returncode == 0 and alone.returncode == 0, spec.stderr + alone.stderr
     assert "(llamacpp)" in spec.stderr and spec.stdout == alone.stdout
 

@@ -4,9 +4,6 @@ bookkeeping on small inputs, and one short real run of each command."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,8 +12,6 @@ from conftest import DRAFTER, TEST_HOME
 
 from omnidraft.experiments.online import RecordCache, checkpoints_for, markdown
 from omnidraft.train.records import Record
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def test_checkpoints_are_spread_evenly_and_end_at_the_stream_end():
@@ -69,12 +64,6 @@ def test_markdown_reports_relative_change_against_the_untrained_drafter():
     assert "head stop γ = 0.7" in headed  # the head's threshold is named too
 
 
-def _cli(home: Path, *args: str, timeout: int = 1500) -> subprocess.CompletedProcess:
-    env = dict(os.environ, OMNIDRAFT_HOME=str(home))
-    return subprocess.run([sys.executable, "-m", "omnidraft", *args], capture_output=True, text=True, env=env,
-                          cwd=str(REPO), timeout=timeout)
-
-
 @pytest.fixture(scope="module")
 def home(tmp_path_factory) -> Path:
     home = tmp_path_factory.mktemp("online_home")
@@ -83,7 +72,9 @@ def home(tmp_path_factory) -> Path:
 
 
 @pytest.mark.real
-def test_adapt_trains_the_pairs_adapter_and_generate_uses_it(home):
+def test_adapt_trains_the_pairs_adapter_and_generate_uses_it(home, cli):
+    """In this process (the session's models): the commands, not the process, are under test."""
+    _cli = lambda home, *argv: cli(*argv, home=home)
     proc = _cli(home, "adapt", "--drafter", DRAFTER, "--stream", "humaneval", "--n", "3", "--interval", "2",
                 "--max-new-tokens", "16", "--json")
     assert proc.returncode == 0, proc.stderr
@@ -105,19 +96,20 @@ def test_adapt_trains_the_pairs_adapter_and_generate_uses_it(home):
 
 
 @pytest.mark.real
-def test_online_bench_short_real_run(home, tmp_path):
+def test_online_bench_short_real_run(home, tmp_path, cli):
+    """A stream of 2 prompts (an update after each) and one held-out prompt, in this process."""
     out = tmp_path / "online"
     adapters_before = sorted(str(p) for p in (home / "adapters").rglob("*")) if (home / "adapters").exists() else []
-    proc = _cli(home, "experiment", "online", "--prompts", "humaneval", "--stream-n", "4", "--n", "2",
-                "--max-new-tokens", "16", "--checkpoints", "1", "--interval", "2", "--out", str(out))
+    proc = cli("experiment", "online", "--prompts", "humaneval", "--stream-n", "2", "--n", "1",
+               "--max-new-tokens", "16", "--checkpoints", "1", "--interval", "1", "--out", str(out), home=home)
     assert proc.returncode == 0, proc.stderr
     result = json.loads((out / "results.json").read_text())
     points = {(p["prompts_streamed"], p["set"]): p["modes"] for p in result["checkpoints"]}
-    assert set(points) == {(0, "humaneval"), (4, "humaneval")}
+    assert set(points) == {(0, "humaneval"), (2, "humaneval")}
     assert set(points[(0, "humaneval")]) == {"target", "none"}
-    assert set(points[(4, "humaneval")]) == {"target", "dm", "dm+head", "hybrid", "hybrid+head"}  # the head trains by default
+    assert set(points[(2, "humaneval")]) == {"target", "dm", "dm+head", "hybrid", "hybrid+head"}  # the head trains by default
     assert all(m["identical_to_target"] for modes in points.values() for m in modes.values())
-    assert {len(result["train_curves"][loss]) for loss in ("dm", "hybrid")} == {2}  # an update every 2 prompts
+    assert {len(result["train_curves"][loss]) for loss in ("dm", "hybrid")} == {2}  # an update after each prompt
     assert (out / "online.png").stat().st_size > 10_000 and (out / "records.pt").is_file()
     md = (out / "results.md").read_text()
     assert "L_DM + λ·L_N-gram (LoRA)" in md and "L_DM + λ·L_N-gram (LoRA) + acceptance head" in md

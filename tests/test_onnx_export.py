@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import re
 import subprocess
 import sys
@@ -216,13 +215,12 @@ def test_a_missing_truncated_or_foreign_export_is_one_line(tmp_path):
 
 
 @pytest.mark.real
-def test_cli_export_then_generate_drafts_through_onnxruntime(tmp_path):
+def test_cli_export_then_generate_drafts_through_onnxruntime(tmp_path, cli):
+    """`export`, then `generate` drafting through the export (the CLI in this process, the session's models)."""
     home = tmp_path / "home"
     home.mkdir()
     (home / "models").symlink_to(TEST_HOME / "models", target_is_directory=True)
-    env = dict(os.environ, OMNIDRAFT_HOME=str(home))
-    run = lambda *a: subprocess.run([sys.executable, "-m", "omnidraft", *a], env=env, capture_output=True,  # noqa: E731
-                                    text=True, timeout=900)
+    run = lambda *a: cli(*a, home=home)  # noqa: E731
     exported = run("export", "--quant", "int8", "--target", "builtin:qwen2.5-coder-0.5b")
     assert exported.returncode == 0, exported.stderr[-2000:]
     folder = home / "export" / "smollm2-135m-int8"

@@ -101,3 +101,18 @@ def test_serve_refuses_a_temperature_below_the_minimum_in_one_line():
         assert 0 <= reply.next_token < target.vocab_size
     finally:
         served.drain(grace=1)
+
+
+@pytest.mark.parametrize("words", [["bench"], ["experiment", "cache"], ["experiment", "sampling"]])
+def test_the_bench_and_experiment_sample_temperatures_refuse_a_tiny_temperature_in_one_line(words, capsys):
+    """`--sample-temperature` of bench and the experiments takes the CLI's temperature type: no zero
+    (they sample), and nothing in (0, MIN_TEMPERATURE) either. Argument errors exit before anything loads."""
+    from omnidraft.cli import main
+
+    for value, needle in (("1e-45", "too small a temperature"), ("5e-5", "too small a temperature"), ("0", "out of range")):
+        with pytest.raises(SystemExit) as exit_:
+            main([*words, "--sample-temperature", value])
+        assert exit_.value.code == 2
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("omnidraft: error: "), lines
+        assert "--sample-temperature" in lines[0] and needle in lines[0], lines[0]

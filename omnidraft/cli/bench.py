@@ -19,8 +19,8 @@ from omnidraft.cli.options import (
     check_adaptable,
     decode_config,
     integer,
-    number,
     remote_options,
+    temperature,
 )
 from omnidraft.errors import OmnidraftError
 
@@ -46,7 +46,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--modes", default=None,
                    help=f"comma-separated; default: {DEFAULT_MODES} on the torch engine, plus {LLAMA_DEFAULT_MODES} "
                         "when the target also runs on llama.cpp (--engine auto|llamacpp)")
-    p.add_argument("--sample-temperature", type=number(0, low_open=True), default=0.7,
+    p.add_argument("--sample-temperature", type=temperature(zero=False), default=0.7,
                    help="temperature of the sampling modes (tli, omnidraft, text-sample, rdk, slrs, hf-uag-sample); the greedy modes "
                         "run at 0 (default 0.7)")
     add_model_options(p)

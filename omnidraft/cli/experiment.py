@@ -27,8 +27,8 @@ from omnidraft.cli.options import (
     add_train_options,
     check_adaptable,
     decode_config,
-    number,
     remote_options,
+    temperature,
     train_config,
 )
 from omnidraft.errors import OmnidraftError
@@ -45,7 +45,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     _common(cache, CACHE_STREAM_N)
     cache.add_argument("--verify", choices=("greedy", "omnidraft"), default=None,
                        help="greedy (default, lossless) or omnidraft sampling at --sample-temperature")
-    cache.add_argument("--sample-temperature", type=number(0, low_open=True), default=0.7,
+    cache.add_argument("--sample-temperature", type=temperature(zero=False), default=0.7,
                        help="temperature with --verify omnidraft (default 0.7)")
     cache.set_defaults(func=cmd_cache)
     online = kinds.add_parser("online", help="online distillation along a stream, evaluated at checkpoints (Table 1); "
@@ -66,7 +66,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                                  "target-sampled text (RDK's τ), and SLRS's tree sizes")
     add_prompt_options(sampling, n=6)
     add_model_options(sampling)
-    sampling.add_argument("--sample-temperature", type=number(0, low_open=True), default=0.7,
+    sampling.add_argument("--sample-temperature", type=temperature(zero=False), default=0.7,
                           help="temperature of the target's text and of every rule (default 0.7)")
     sampling.add_argument("--positions", type=COUNT, default=64, help="target-sampled tokens per prompt (default 64)")
     sampling.add_argument("--taus", default="0.25,0.5,1,2", help="RDK affinity temperatures to compare")
