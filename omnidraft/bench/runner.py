@@ -163,6 +163,8 @@ def fresh(decoder: SpeculativeDecoder) -> None:
     """Every run reads its prompt from scratch: modes share engines, and a KV cache still holding
     the previous mode's prompt would make whichever mode runs second look faster."""
     decoder.target.reset()
+    if hasattr(decoder.target, "new_session"):  # a server keeps its sessions' KV caches: start a new one
+        decoder.target.new_session()
     if decoder.drafter is not None:
         decoder.drafter.reset()
 
@@ -314,9 +316,11 @@ def build_modes(pipe, modes: Sequence[str], base: DecodeConfig, temperature: flo
     """
     target, drafter, bridge = pipe.decoder.target, pipe.decoder.drafter, pipe.decoder.bridge
     max_new_tokens = base.max_new_tokens
-    remote = hasattr(target, "with_protocol")  # a server: each protocol in a session of its own
+    remote = hasattr(target, "with_protocol")  # a server: each mode in a session of its own
     if remote:
-        target, streamed = target.with_protocol("verify"), target.with_protocol("stream")
+        server = target
+        target = server.with_protocol("verify")  # a round trip per step
+        streamed = server.with_protocol("stream")
     elif any(m in STREAM_MODES for m in modes):
         raise ValueError("the server-stream and stream modes need a target on a server (--target grpc://…)")
 
@@ -327,8 +331,9 @@ def build_modes(pipe, modes: Sequence[str], base: DecodeConfig, temperature: flo
         return our_mode(SpeculativeDecoder(target, drafter, bridge, ngrams), config)
 
     table: dict[str, Callable[[], ModeFn]] = {
-        "server-stream": lambda: our_mode(SpeculativeDecoder(streamed), cfg(verify="greedy", lookup=False)),
-        "stream": lambda: our_mode(SpeculativeDecoder(streamed, drafter, bridge, ngrams_factory()),
+        "server-stream": lambda: our_mode(SpeculativeDecoder(streamed.with_protocol("stream")),
+                                          cfg(verify="greedy", lookup=False)),
+        "stream": lambda: our_mode(SpeculativeDecoder(streamed.with_protocol("stream"), drafter, bridge, ngrams_factory()),
                                    cfg(verify="greedy", translate="text")),
         "target": lambda: our_mode(SpeculativeDecoder(target), cfg(verify="greedy", lookup=False)),
         "target-sample": lambda: our_mode(SpeculativeDecoder(target), cfg(verify=None, temperature=temperature, lookup=False)),

@@ -158,6 +158,16 @@ class RemoteTarget:
         self.server_ids = []
         self._columns_sha = None
 
+    def new_session(self) -> None:
+        """Drop this session's KV cache on the server and start another: the next request reads its
+        whole context (a bench run must not find the previous run's prompt cached)."""
+        try:
+            self.stub.Close(pb.CloseRequest(session_id=self.session_id), timeout=self.deadline_s, metadata=self.metadata)
+        except grpc.RpcError:
+            pass
+        self.session_id = uuid.uuid4().hex
+        self.reset()
+
     def close(self) -> None:
         try:
             self.stub.Close(pb.CloseRequest(session_id=self.session_id), timeout=2, metadata=self.metadata)

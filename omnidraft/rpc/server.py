@@ -37,6 +37,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from omnidraft.console import notice
+from omnidraft.costs import AcceptanceStats, VerifyCosts, best_draft_length
 from omnidraft.errors import OmnidraftError
 from omnidraft.rpc.proto import SERVICE_NAME, pb, services
 from omnidraft.target.base import cut, decide, step_generator
@@ -85,6 +86,7 @@ class TargetService(services.TargetServicer):
         self.mask_bytes = (target.vocab_size + 7) // 8
         self.verifies = 0
         self.forwards = 0  # of Generate and Decode streams
+        self.budget = ProposalBudget()
 
     # ---- RPCs
 
@@ -161,18 +163,24 @@ class TargetService(services.TargetServicer):
         k_max = r.max_proposals or self.max_draft
         ids = session.ids[: r.prefix_len] + list(r.append)
         session.ids, session.decoding, new = ids, True, 0
+        acceptance, forwards = self.budget.session(), 0
         try:
             while new < r.max_new_tokens and context.is_active():
                 if drafts is not None and drafts.error:
                     context.abort(grpc.StatusCode.INVALID_ARGUMENT, drafts.error)
                 room = r.max_new_tokens - new - 1  # proposals that fit: the last token is the target's
                 proposed = drafts.usable(ids, min(k_max, room)) if drafts is not None and room > 0 else []
+                proposed = proposed[: self.budget.choose(acceptance, len(proposed), forwards)]
                 start = time.perf_counter()
                 with self.compute_lock:
                     logits = session.target.score(ids + proposed, len(proposed))
                     accepted, nxt = decide(logits, Proposal(proposed) if proposed else None, config,
                                            step_generator(config.seed, len(ids)))
                 busy_ms = (time.perf_counter() - start) * 1000
+                if forwards:  # the first forward reads the context: its time is no step's
+                    self.budget.observe(len(proposed), busy_ms / 1000)
+                acceptance.update(len(proposed), accepted)
+                forwards += 1
                 emitted, done = cut(proposed[:accepted] + [nxt], self.base.eos_ids, r.max_new_tokens - new)
                 reply = pb.Emitted(position=len(ids), tokens=emitted, proposed=proposed,
                                    accepted=min(accepted, len(emitted)), done=done, busy_ms=busy_ms)
@@ -282,6 +290,41 @@ class TargetService(services.TargetServicer):
         if r.logprobs_k > len(session.columns):
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "logprobs_k exceeds the number of columns")
         return session.columns
+
+
+class ProposalBudget:
+    """How many of a session's drafted tokens a forward verifies: the k that maximises the tokens the
+    server emits per second of its own time (``costs.best_draft_length`` with no drafting cost: the
+    device drafts on its own time), from this server's observed forward times by k (one table for
+    every session) and the session's acceptance. A verify that costs more than the tokens it is likely
+    to save is not made, so a weak or late drafter leaves the server at its own speed. While drafting
+    does not pay, one forward in ``EXPLORE_EVERY`` verifies a single token, so both estimates go on."""
+
+    EXPLORE_EVERY = 8
+
+    def __init__(self) -> None:
+        self.costs: VerifyCosts | None = None
+        self.lock = threading.Lock()
+
+    def session(self) -> AcceptanceStats:
+        return AcceptanceStats(prior_mean=0.5, decay=0.98)
+
+    def choose(self, acceptance: AcceptanceStats, available: int, step: int) -> int:
+        if not available:
+            return 0
+        with self.lock:
+            if self.costs is None:  # no plain step timed yet: verify what there is, and learn
+                return available
+            k = best_draft_length(acceptance.rates(available), 0.0, self.costs, available)
+        return k or (1 if step % self.EXPLORE_EVERY == 0 else 0)
+
+    def observe(self, k: int, seconds: float) -> None:
+        with self.lock:
+            if self.costs is None:
+                if k == 0:
+                    self.costs = VerifyCosts.flat(seconds)  # optimistic about k > 0 until observed
+                return
+            self.costs.observe(k, seconds)
 
 
 class Drafts:
