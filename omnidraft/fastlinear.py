@@ -54,7 +54,21 @@ def _weights_first(layer: torch.nn.Linear, flat: torch.Tensor) -> torch.Tensor:
 
 
 def _transposed(layer: torch.nn.Linear, flat: torch.Tensor) -> torch.Tensor:
-    return flat @ layer._omnidraft_wt
+    return flat @ _transposed_weight(layer)
+
+
+def _transposed_weight(layer: torch.nn.Linear) -> torch.Tensor | None:
+    """The layer's transposed copy of its weight (None: it keeps none), remade whenever the weight
+    changed since it was made: a dtype conversion or a copy gives the weight new storage, a merged
+    adapter bumps its version, and a stale copy would compute with the old weights."""
+    if not layer._omnidraft_keeps_t:
+        return None
+    weight = layer.weight
+    key = (weight.data_ptr(), weight.dtype, weight._version)
+    if getattr(layer, "_omnidraft_wt_key", None) != key:
+        layer._omnidraft_wt = weight.detach().t().contiguous()
+        layer._omnidraft_wt_key = key
+    return layer._omnidraft_wt
 
 
 def _two_rows(layer: torch.nn.Linear, flat: torch.Tensor) -> torch.Tensor:
@@ -74,14 +88,14 @@ def _evict_caches(buffer: torch.Tensor) -> None:
     buffer.fill_(1.0)
 
 
-_CHOICE: dict[tuple[int, int, int, bool], Kernel] = {}  # (out, in, rows, has transposed copy) -> fastest
+_CHOICE: dict[tuple, Kernel] = {}  # (out, in, rows, dtype, has transposed copy) -> fastest
 
 
 def _choose(layer: torch.nn.Linear, flat: torch.Tensor) -> Kernel:
     """The fastest kernel for this weight shape and row count, timed once per process (best of 3
     after a warm-up run; a few ms per shape, paid on the first verify of each draft length)."""
-    has_t = layer._omnidraft_wt is not None
-    key = (*layer.weight.shape, flat.shape[0], has_t)
+    has_t = _transposed_weight(layer) is not None
+    key = (*layer.weight.shape, flat.shape[0], flat.dtype, has_t)
     kernel = _CHOICE.get(key)
     if kernel is None:
         candidates = [_f_linear, _weights_first] + ([_transposed] if has_t else []) + (
@@ -122,8 +136,7 @@ def install(model: torch.nn.Module, transposed_head: bool = False) -> torch.nn.M
     head = model.get_output_embeddings()
     for module in model.modules():
         if type(module) is torch.nn.Linear and module.weight.dtype == torch.float32:
-            module._omnidraft_wt = None
-            if transposed_head and module is head:
-                module._omnidraft_wt = module.weight.detach().t().contiguous()
+            module._omnidraft_wt = None  # made on first use by _transposed_weight
+            module._omnidraft_keeps_t = transposed_head and module is head
             module.forward = types.MethodType(_skinny_forward, module)
     return model

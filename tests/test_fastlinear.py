@@ -40,8 +40,10 @@ def test_fast_paths_match_f_linear(rows):
 def test_fast_path_is_scoped_to_enabled():
     model = fastlinear.install(Tiny(), transposed_head=True)
     calls = []
-    model.head._omnidraft_wt = torch.zeros_like(model.head._omnidraft_wt)  # make the fast path visible
-    fastlinear._CHOICE[(50, 32, 1, True)] = fastlinear._transposed  # as if it had timed fastest
+    weight = model.head.weight
+    model.head._omnidraft_wt = torch.zeros(32, 50)  # make the fast path visible (a copy it takes as current)
+    model.head._omnidraft_wt_key = (weight.data_ptr(), weight.dtype, weight._version)
+    fastlinear._CHOICE[(50, 32, 1, torch.float32, True)] = fastlinear._transposed  # as if it had timed fastest
     x = torch.randn(1, 1, 16)
     calls.append(bool(model(x).abs().sum() > 0))
     with fastlinear.enabled():
@@ -62,7 +64,26 @@ def test_every_candidate_kernel_computes_f_linear_and_the_choice_is_kept(rows):
         torch.testing.assert_close(kernel(model.head, x), expected, rtol=1e-5, atol=1e-5)
         assert kernel(model.head, x).shape == expected.shape
     chosen = fastlinear._choose(model.head, x)
-    assert fastlinear._choose(model.head, x) is chosen is fastlinear._CHOICE[(50, 32, rows, True)]
+    assert fastlinear._choose(model.head, x) is chosen is fastlinear._CHOICE[(50, 32, rows, torch.float32, True)]
+
+
+def test_the_transposed_copy_follows_a_changed_weight():
+    """A model converted to bf16 after install (a shared drafter copied at another dtype), or whose
+    weights an adapter merge changed in place, must not compute with the old transposed copy."""
+    torch.manual_seed(2)
+    model = fastlinear.install(Tiny(), transposed_head=True)
+    x = torch.randn(1, 32)
+    torch.testing.assert_close(fastlinear._transposed(model.head, x), torch.nn.functional.linear(x, model.head.weight))
+    with torch.no_grad():
+        model.head.weight.add_(1.0)  # an in-place merge
+    torch.testing.assert_close(fastlinear._transposed(model.head, x), torch.nn.functional.linear(x, model.head.weight))
+    model.to(torch.bfloat16)
+    xb = x.to(torch.bfloat16)
+    got = fastlinear._transposed(model.head, xb)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got, torch.nn.functional.linear(xb, model.head.weight), rtol=2e-2, atol=2e-2)
+    with fastlinear.enabled():  # the whole path, timing and all, at the new dtype
+        assert model(torch.randn(1, 1, 16).to(torch.bfloat16)).dtype == torch.bfloat16
 
 
 def test_translate_option_is_validated():
