@@ -168,11 +168,15 @@ def test_malformed_and_hostile_requests_leave_the_server_up(server, local_target
     assert "UNKNOWN" not in codes and "INTERNAL" not in codes and set(codes) <= {
         "OK", "INVALID_ARGUMENT", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "UNAUTHENTICATED"}
     assert codes.get("OK", 0) >= FUZZ_REQUESTS // 8 and codes.get("UNAUTHENTICATED", 0) >= FUZZ_REQUESTS // 8
+    assert_still_serving_the_targets_output(channel, md, remote(server, tmp_path), local_target)
+
+
+def assert_still_serving_the_targets_output(channel, md, client, local_target) -> None:
+    """After a fuzz run: health says SERVING and a fresh client gets the target's own greedy output."""
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
     health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5, metadata=md)
     assert health.status == health_pb2.HealthCheckResponse.SERVING
-    client = remote(server, tmp_path)  # and it still serves correct output
     ids = encode_prompt(local_target.tokenizer, "print('hello')")
     assert SpeculativeDecoder(client).generate(ids, DecodeConfig(max_new_tokens=8)).token_ids == \
         SpeculativeDecoder(local_target).generate(ids, DecodeConfig(max_new_tokens=8)).token_ids
@@ -304,14 +308,7 @@ def test_hostile_decode_streams_leave_the_server_up_and_exact(server, local_targ
     assert "UNKNOWN" not in codes and "INTERNAL" not in codes and set(codes) <= {
         "OK", "INVALID_ARGUMENT", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "CANCELLED"}
     assert codes.get("OK", 0) >= FUZZ_REQUESTS // 3 // 6 and codes.get("INVALID_ARGUMENT", 0) >= FUZZ_REQUESTS // 3 // 6
-    from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-    health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5, metadata=md)
-    assert health.status == health_pb2.HealthCheckResponse.SERVING
-    client = remote(server, tmp_path, protocol="stream")  # and it still streams the target's own output
-    ids = encode_prompt(local_target.tokenizer, "print('hello')")
-    assert SpeculativeDecoder(client).generate(ids, DecodeConfig(max_new_tokens=8)).token_ids == \
-        SpeculativeDecoder(local_target).generate(ids, DecodeConfig(max_new_tokens=8)).token_ids
+    assert_still_serving_the_targets_output(channel, md, remote(server, tmp_path, protocol="stream"), local_target)
 
 
 # ---- the CLI: a server process
