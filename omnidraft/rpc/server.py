@@ -153,16 +153,18 @@ class TargetService(services.TargetServicer):
         try:
             self._check_generate(r)
             session = self._session(r)
-            if session.decoding:
-                raise Refused(grpc.StatusCode.ABORTED, "the session is decoding in another stream; use another session_id")
             columns = self._columns(session, r)
+            with self.table_lock:  # one stream at a time writes a session
+                if session.decoding:
+                    raise Refused(grpc.StatusCode.ABORTED, "the session is decoding in another stream; use another session_id")
+                session.decoding = True
         except Refused as exc:
             context.abort(exc.code, str(exc))
         config = SimpleNamespace(verify=r.rule or "greedy", temperature=float(r.temperature),
                                  top_p=float(r.top_p) or 1.0, seed=int(r.seed))
         k_max = r.max_proposals or self.max_draft
         ids = session.ids[: r.prefix_len] + list(r.append)
-        session.ids, session.decoding, new = ids, True, 0
+        session.ids, new = ids, 0
         acceptance, forwards = self.budget.session(), 0
         try:
             while new < r.max_new_tokens and context.is_active():
