@@ -161,19 +161,20 @@ class RemoteTarget:
     def new_session(self) -> None:
         """Drop this session's KV cache on the server and start another: the next request reads its
         whole context (a bench run must not find the previous run's prompt cached)."""
-        try:
-            self.stub.Close(pb.CloseRequest(session_id=self.session_id), timeout=self.deadline_s, metadata=self.metadata)
-        except grpc.RpcError:
-            pass
+        self._forget_session()
         self.session_id = uuid.uuid4().hex
         self.reset()
 
     def close(self) -> None:
+        self._forget_session()
+        self.channel.close()
+
+    def _forget_session(self) -> None:
+        """Ask the server to drop this session; best effort (a server that is gone holds nothing)."""
         try:
             self.stub.Close(pb.CloseRequest(session_id=self.session_id), timeout=2, metadata=self.metadata)
         except grpc.RpcError:
-            pass
-        self.channel.close()
+            return
 
     # ---- calls
 

@@ -153,7 +153,6 @@ class Device(threading.Thread):
             for s in request.sources:
                 s.accept(assumed)
             self.ahead += proposal.proposed
-            request.drafted += n
             return True
         return False
 
@@ -168,7 +167,6 @@ class StreamRequest:
         self.emitted = 0  # tokens of this request the server emitted so far
         self.k_max = min(config.draft_len, remote.max_draft)
         self.half_rtt = remote.rtt_s / 2
-        self.drafted = 0  # target ids the device sent up (verified or not)
         self.prompt_len = 0
 
     def room(self, text: list[int], ahead: list[int]) -> int:
