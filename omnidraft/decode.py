@@ -206,6 +206,7 @@ class SpeculativeDecoder:
                     break
         finally:
             steps.close()  # a stream still open is cancelled
+            self.verifier.settle(ids)
             self.stats.wall_s = time.perf_counter() - start
             if self.ngrams is not None:
                 self.ngrams.flush()

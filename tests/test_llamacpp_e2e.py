@@ -1,9 +1,11 @@
 """Speculative decoding with the target on llama.cpp, end to end on the real models.
 
 Greedy speculative output must equal plain decoding on the same engine token for token, with no
-allowance for ties: set-up builds llama.cpp without llamafile, so every row of a batched verify
-takes the same arithmetic as a one-token eval (``LlamaCppTarget.batch_invariant``; the rows are
-checked bit for bit in test_llamacpp_target). Drafting is forced here (a fixed draft length, and
+allowance for ties: set-up installs llama.cpp with a patched llamafile, so every proposal row of a
+verify takes the same arithmetic as a one-token eval while prompts are read as llama.cpp reads them
+(``LlamaCppTarget.batch_invariant``; the rows are checked bit for bit in test_llamacpp_target), and
+a request leaves the KV cache holding what the target alone would, so the next turn's prompt is read
+in the same evals. Drafting is forced here (a fixed draft length, and
 chats whose later turns repeat earlier ones, so that prompt lookup drafts long runs) besides the
 default cost policy. The CLI runs the builtin targets on llama.cpp by default and refuses a bad GGUF
 in one line.
@@ -50,7 +52,7 @@ def llama_pair(request, real_models):
 @pytest.mark.parametrize("text,chat", PROMPTS)
 def test_drafting_on_llama_cpp_keeps_its_greedy_output(llama_pair, text, chat):
     spec, target, decoder = llama_pair
-    assert target.batch_invariant, "scripts/setup.sh builds llama.cpp without llamafile: verify rows are one-token rows"
+    assert target.batch_invariant, "scripts/setup.sh builds llama.cpp with the patched llamafile: verify rows are one-token rows"
     ids = encode_prompt(target.tokenizer, text, chat=chat and target.tokenizer.chat_template is not None)
     plain = SpeculativeDecoder(target).generate(ids, DecodeConfig(max_new_tokens=NEW_TOKENS)).token_ids
     forced = DecodeConfig(max_new_tokens=NEW_TOKENS, draft_len=4, draft_stop="fixed")
@@ -75,12 +77,38 @@ def test_chats_of_several_turns_keep_the_greedy_output(llama_pair, turns):
             got = decoder.generate(ids, config).token_ids
             lookup_steps += decoder.stats.lookup_steps
             assert got == plain, f"{spec} turn {turn}: diverged at token {_first_difference(got, plain)}"
+            # what the target alone would hold: the next turn's prompt is read in the same evals
+            assert target.cached_ids == ids + got[:-1]
         messages.append({"role": "assistant", "content": target.tokenizer.decode(plain, skip_special_tokens=True)})
     assert lookup_steps > 0  # the later turns were drafted from the conversation
 
 
 def _first_difference(got: list[int], plain: list[int]) -> int:
     return next((i for i, (a, b) in enumerate(zip(got, plain)) if a != b), min(len(got), len(plain)))
+
+
+@pytest.mark.real
+def test_a_reply_that_ends_early_leaves_the_cache_as_the_target_alone_would(llama_pair):
+    """A verify caches its proposals; when the reply ends at an end-of-sequence token among them, the
+    decoder trims the cache back to what the target alone holds (all but the last token), so the
+    next turn reads its prompt from the same position, in the same evals."""
+    spec, target, decoder = llama_pair
+    ids = encode_messages(target.tokenizer, [{"role": "user", "content": "Is water wet? Answer with one word."}])
+    newline = target.tokenizer.encode("\n", add_special_tokens=False)
+    assert len(newline) == 1
+    eos_ids = target.eos_ids
+    target.eos_ids = eos_ids | set(newline)  # Gemma-3-270M (a base model) ends a line, never its turn
+    try:
+        target.reset()
+        plain = SpeculativeDecoder(target).generate(ids, DecodeConfig(max_new_tokens=NEW_TOKENS)).token_ids
+        assert plain[-1] in target.eos_ids and len(plain) < NEW_TOKENS  # the reply ends by itself
+        assert target.cached_ids == ids + plain[:-1]
+        target.reset()
+        got = decoder.generate(ids, DecodeConfig(max_new_tokens=NEW_TOKENS, draft_len=8, draft_stop="fixed")).token_ids
+    finally:
+        target.eos_ids = eos_ids
+    assert got == plain and decoder.stats.proposed_tokens > 0
+    assert target.cached_ids == ids + plain[:-1]
 
 
 @pytest.mark.real

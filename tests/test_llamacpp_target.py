@@ -1,9 +1,12 @@
 """The llama.cpp target on the real GGUFs: plain greedy decoding through ``score`` equals
-llama-cpp-python's own greedy loop, batched verify rows match one-token rows (within llama.cpp's
-batch-size-dependent kernel numerics), a rollback equals a fresh eval, and bad input is one line."""
+llama-cpp-python's own greedy loop (prompts read by tinyBLAS included), batched verify rows are
+bit-identical to one-token rows on the patched build set-up installs (and are not without the
+patch's threshold), a rollback equals a fresh eval, and bad input is one line."""
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 
 import pytest
@@ -14,16 +17,22 @@ from omnidraft import models
 from omnidraft.errors import OmnidraftError
 from omnidraft.target.llamacpp import LlamaCppTarget
 
+# Longer than the patched build's tinyBLAS threshold: read with llamafile's kernels, like llama.cpp's own.
+LONG_PROMPT = ("A binary search tree keeps its keys in order: every key in a node's left subtree is smaller "
+               "than the node's key and every key in its right subtree is larger. Searching, inserting and "
+               "deleting therefore take time proportional to the height of the tree, which is")
 PROMPTS = {
     "builtin:qwen2.5-coder-0.5b": [
         "def quicksort(arr):\n",
         "<|im_start|>user\nWrite a haiku about autumn.<|im_end|>\n<|im_start|>assistant\n",
         "# Compute the greatest common divisor of two integers\nimport math\n\ndef gcd(a, b):",
+        LONG_PROMPT,
     ],
     "builtin:gemma3-270m": [
         "The history of the Roman Empire",
         "Question: What is the boiling point of water at sea level?\nAnswer:",
         "def fibonacci(n):\n",
+        LONG_PROMPT,
     ],
 }
 NEW_TOKENS = 64
@@ -127,7 +136,7 @@ def test_shape_vocab_and_eos(loaded):
 # from 4, tiled from 8) and the rounding differences grow through the layers: on the default build
 # batched rows are *not* bit-identical to one-token rows. Seen here: max |diff| 0.55 (Qwen) and
 # 1.4 (Gemma) logits, i.e. 2.5-4.5 % of the largest logit; argmax differs only at near-ties.
-# A batch-invariant target (a build without llamafile) must match exactly.
+# A batch-invariant target (the patched build set-up installs) must match exactly.
 REL_TOL = 0.08  # of the largest |logit| in the row block
 
 
@@ -165,20 +174,68 @@ def test_batched_rows_match_one_token_rows(loaded):
 
 
 @pytest.mark.real
-def test_batch_invariance_needs_a_llamafile_free_build(loaded):
+def test_batch_invariance_comes_from_the_patched_build(loaded):
     from omnidraft.target import llamacpp
 
-    if llamacpp._HAS_LLAMAFILE:
-        assert not loaded.target.batch_invariant
-        with pytest.raises(OmnidraftError) as exc:
-            LlamaCppTarget(loaded.gguf, loaded.tok, n_ctx=256, batch_invariant=True)
-        assert "-DGGML_LLAMAFILE=OFF" in _one_line(exc)
-    else:
-        assert loaded.target.batch_invariant  # on by default where the build allows it
+    assert llamacpp._HAS_LLAMAFILE and llamacpp._TINYBLAS_MIN_ROWS == llamacpp.TINYBLAS_MIN_ROWS, \
+        "scripts/setup.sh installs llama.cpp with the patched llamafile"
+    assert loaded.target.batch_invariant  # on by default where the build allows it
+    assert loaded.target.logit_batch == llamacpp.TINYBLAS_MIN_ROWS - 1
+
+
+@pytest.mark.real
+def test_without_the_threshold_verify_rows_are_not_one_token_rows(loaded, tmp_path):
+    """The same build with the patch's threshold off is llama.cpp as released: the target says it is
+    not batch-invariant, refuses to be made so, and its batched rows really differ."""
+    script = f"""
+import torch
+from omnidraft.errors import OmnidraftError
+from omnidraft.target.llamacpp import LlamaCppTarget
+from transformers import AutoTokenizer
+tok = AutoTokenizer.from_pretrained({str(tmp_path)!r})
+t = LlamaCppTarget({str(loaded.gguf)!r}, tok, n_ctx=256)
+assert not t.batch_invariant and t.logit_batch == t.n_batch
+ids = list(tok.encode({PROMPTS[loaded.spec][0]!r} + " and then, as everyone expected, it went on"))
+t.score(ids[:-8], 0)
+batched = t.score(ids, 8)
+t.reset()
+single = torch.cat([t.score(ids[:i], 0) for i in range(len(ids) - 8, len(ids) + 1)])
+print("DIFF", (batched - single).abs().max().item())
+try:
+    LlamaCppTarget({str(loaded.gguf)!r}, tok, n_ctx=256, batch_invariant=True)
+except OmnidraftError as exc:
+    print("REFUSED", str(exc))
+"""
+    loaded.tok.save_pretrained(tmp_path)
+    env = {**os.environ, "GGML_LLAMAFILE_MIN_ROWS": "0"}
+    env.pop("GGML_CPU_TILED_MM", None)
+    run = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    diff = float(run.stdout.split("DIFF ")[1].split()[0])
+    assert diff > 0.0
+    assert "REFUSED" in run.stdout and "patched llamafile" in run.stdout
+
+
+@pytest.mark.real
+def test_a_verify_longer_than_the_logit_batch_is_still_one_token_rows(loaded):
+    t = loaded.target
+    ids = loaded.encode(LONG_PROMPT + " " + LONG_PROMPT)
+    m = t.logit_batch + 9  # the proposals take two evals
+    split = len(ids) - m
+    t.reset()
+    t.score(ids[:split], 0)
+    batched = t.score(ids, m)
+    t.reset()
+    t.score(ids[:split], 0)
+    single = torch.cat([t.score(ids[:i], 0) for i in range(split, len(ids) + 1)])
+    assert batched.shape == single.shape
+    assert (batched - single).abs().max().item() == 0.0
 
 
 @pytest.mark.real
 def test_long_prompt_is_chunked(loaded):
+    """A prompt longer than n_batch is read in chunks. Chunks of another size take other kernels
+    (tinyBLAS from its threshold on), so the rows agree up to near-ties, not bit for bit."""
     small = LlamaCppTarget(loaded.gguf, loaded.tok, n_ctx=256, n_batch=16)
     try:
         ids = loaded.encode("The quick brown fox jumps over the lazy dog. " * 8)[:100]
@@ -187,9 +244,21 @@ def test_long_prompt_is_chunked(loaded):
         loaded.target.reset()
         want = loaded.target.score(ids, 3)
         assert got.shape == want.shape
-        _assert_rows_match(got, want, small.batch_invariant)
+        _assert_rows_match(got, want, invariant=False)
     finally:
         small.close()
+
+
+@pytest.mark.real
+def test_trim_drops_what_a_request_cached_past_its_end(loaded):
+    t = loaded.target
+    ids = loaded.encode(PROMPTS[loaded.spec][0])
+    t.reset()
+    t.score(ids + [ids[-1]] * 4, 4)
+    t.trim(len(ids) - 1)
+    assert t.cached_ids == ids[:-1]
+    t.trim(len(ids) + 5)  # nothing past the end: unchanged
+    assert t.cached_ids == ids[:-1]
 
 
 # --------------------------------------------------------------------------------- rollback

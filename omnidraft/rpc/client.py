@@ -153,6 +153,11 @@ class RemoteTarget:
         """The log-prob rows of a reply as the trainer takes them."""
         return _sparse(rows)
 
+    def settle(self, ids: Sequence[int]) -> None:
+        """Nothing to do here: the server settles a session's cache when a stream ends. With the
+        per-step ``verify`` protocol the server cannot tell where a request ended, and its cache may
+        keep drafted tokens past it (the next request then reads a shorter span)."""
+
     def reset(self) -> None:
         """Forget what the server held (the next call sends the whole context, and the columns)."""
         self.server_ids = []

@@ -192,13 +192,24 @@ class TargetService(services.TargetServicer):
                 new += len(emitted)
                 session.last_used = time.monotonic()
                 self.forwards += 1
-                if done:  # free the session before the client reads the last message and moves on
+                if done:  # settle and free the session before the client reads the last message and moves on
+                    self._settle(session, ids)
                     session.decoding = False
                 yield reply
                 if done:
                     return
         finally:
+            if session.decoding:  # the stream ended early (cancelled, aborted)
+                self._settle(session, ids)
             session.decoding = False
+
+    def _settle(self, session: Session, ids: list[int]) -> None:
+        """Let the session's engine keep only what it would hold had it decoded ``ids`` alone (see
+        ``LocalVerifier.settle``): a stream with drafts then leaves the same cache as ``Generate``."""
+        trim = getattr(session.target, "trim", None)
+        if trim is not None:
+            with self.compute_lock:
+                trim(len(ids) - 1)
 
     # ---- validation, before any model work
 

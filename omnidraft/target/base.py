@@ -89,6 +89,10 @@ class Verifier(Protocol):
     def verify(self, ids: Sequence[int], proposal: Proposal | None, config: SamplingConfig,
                rows: RowRequest | None) -> Verdict: ...
 
+    def settle(self, ids: Sequence[int]) -> None:
+        """A request ended with ``ids`` (prompt and output): let the target keep only what it would
+        hold had it decoded them alone."""
+
     def reset(self) -> None: ...
 
 
@@ -109,6 +113,11 @@ class LocalVerifier:
         logits = self.target.score(list(ids) + proposed, len(proposed))
         accepted, nxt = decide(logits, proposal, config, step_generator(config.seed, len(ids)))
         return Verdict(accepted, nxt, logits)
+
+    def settle(self, ids: Sequence[int]) -> None:
+        trim = getattr(self.target, "trim", None)  # an engine whose prompt reads depend on its cache
+        if trim is not None:
+            trim(len(ids) - 1)  # a target decoding alone never evaluates the last token it emitted
 
     def reset(self) -> None:
         self.target.reset()

@@ -2,9 +2,9 @@
 
 Only llama-cpp-python's low-level C API is used: one model, one context, one reusable
 ``llama_batch``. Each :meth:`LlamaCppTarget.score` call rolls the KV cache back to the common prefix
-of what it holds and the new ids (``llama_memory_seq_rm``), then evaluates the rest in one
-``llama_decode`` (a long prompt in chunks of ``n_batch``), flagging logits only for the last m + 1
-positions. The rows are copied once, straight from llama.cpp's output buffer into a torch tensor.
+of what it holds and the new ids (``llama_memory_seq_rm``), then evaluates the rest, flagging
+logits only for the last m + 1 positions: a prompt in chunks of ``n_batch``, proposals in evals of
+at most ``logit_batch`` rows. The rows are copied once, straight from llama.cpp's output buffer into a torch tensor.
 ``Llama(logits_all=True)`` is avoided on purpose: it keeps an n_ctx x n_vocab float32 buffer
 (2.5 GB for Qwen's vocabulary at n_ctx = 4096).
 
@@ -19,9 +19,13 @@ Batch invariance: llama.cpp's fast CPU matmuls pick kernels by batch size (llama
 from 2 rows, repacked weights' gemm from 4, ggml's tiled matmul from 8), so on a default build the
 m + 1 rows of one verify eval round differently from m + 1 one-token evals, and at a near-tie the
 argmax flips: speculative greedy output then drifts from plain greedy output. ``scripts/setup.sh``
-builds without llamafile, and on such a build the target keeps weights unrepacked and the tiled
-matmul off, so every row takes ggml's one-token ``vec_dot`` arithmetic and the rows are bit-identical
-(see :meth:`LlamaCppTarget._invariance`; docs/performance.md has the measured differences and costs).
+builds llama.cpp with a one-line patch (``scripts/patch_llamacpp.py``): tinyBLAS runs only evals of
+at least :data:`TINYBLAS_MIN_ROWS` rows. The target reads a prompt as llama.cpp does (at tinyBLAS
+speed) and evaluates proposals in evals below that size with weights unrepacked and the tiled
+matmul off, so their rows take ggml's one-token ``vec_dot`` arithmetic and are bit-identical to
+one-token evals. A prompt's KV is the same in every run that reads the same span, which
+:meth:`LlamaCppTarget.trim` keeps true across requests (see :meth:`LlamaCppTarget._invariance`;
+docs/performance.md has the measured differences and costs).
 """
 
 from __future__ import annotations
@@ -47,14 +51,19 @@ DEFAULT_N_CTX = 4096
 DEFAULT_N_BATCH = 512
 MAX_DEFAULT_THREADS = 4
 
-INVARIANT_BUILD = ("bash scripts/setup.sh (it rebuilds llama-cpp-python with -DGGML_LLAMAFILE=OFF), or: "
+INVARIANT_BUILD = ("bash scripts/setup.sh (it rebuilds llama-cpp-python with a patched llamafile), or: "
                    'CMAKE_ARGS="-DGGML_LLAMAFILE=OFF" pip install --force-reinstall --no-cache-dir --no-binary '
-                   "llama-cpp-python llama-cpp-python==0.3.36")
+                   "llama-cpp-python llama-cpp-python==0.3.36 (prompts are then read 1.5x slower)")
+# The patched build (scripts/patch_llamacpp.py) runs llamafile's tinyBLAS only for evals of at least
+# this many rows: prompt reads. Every eval with logits stays below it (``score`` splits a longer one).
+TINYBLAS_MIN_ROWS = 32
+TINYBLAS_ENV = "GGML_LLAMAFILE_MIN_ROWS"
 
 _LOG: deque[tuple[int, str]] = deque(maxlen=64)  # llama.cpp's recent log lines, never printed
 _LOG_CALLBACK = None  # the ctypes callback must outlive every call into llama.cpp
 _BACKEND_READY = False
 _HAS_LLAMAFILE: bool | None = None
+_TINYBLAS_MIN_ROWS = 0  # what the loaded build reports (0: no patch, tinyBLAS from 2 rows if it has llamafile)
 # A build with ggml's AMX kernels (x86 -march=native on Sapphire Rapids and later) repacks Q4_K/Q8_0
 # weights into AMX buffers and crashes in the first eval (llama.cpp issue 20824): such a build loads
 # weights without extra buffer types. scripts/setup.sh builds without AMX, so this is for other builds.
@@ -80,17 +89,37 @@ def _llama_cpp():
         _LOG_CALLBACK = _keep_log
     llama_cpp.llama_log_set(_LOG_CALLBACK, ctypes.c_void_p(0))  # re-set: importing llama_cpp installs a printer
     if not _BACKEND_READY:
-        global _HAS_LLAMAFILE, _HAS_AMX
+        global _HAS_LLAMAFILE, _HAS_AMX, _TINYBLAS_MIN_ROWS
         info = llama_cpp.llama_print_system_info().decode("utf-8", "replace")
         _HAS_LLAMAFILE = "LLAMAFILE = 1" in info
         _HAS_AMX = "AMX_INT8 = 1" in info
-        if not _HAS_LLAMAFILE:
-            # a llamafile-free build serves batch-invariant targets: ggml's tiled matmul (batches of 8+)
+        if _HAS_LLAMAFILE:
+            _TINYBLAS_MIN_ROWS = _patched_min_rows(llama_cpp)
+        if not _HAS_LLAMAFILE or _TINYBLAS_MIN_ROWS >= 2:
+            # a build that can serve batch-invariant targets: ggml's tiled matmul (batches of 8+)
             # must be off too, and ggml reads this switch once, at the process's first matmul
             os.environ.setdefault("GGML_CPU_TILED_MM", "0")
         llama_cpp.llama_backend_init()
         _BACKEND_READY = True
     return llama_cpp
+
+
+def _patched_min_rows(llama_cpp) -> int:
+    """The tinyBLAS row threshold of a build patched by scripts/patch_llamacpp.py (0 for a stock build).
+
+    The patch reads :data:`TINYBLAS_ENV` once, at its first matmul: it is set here, before any eval,
+    unless the user set it. A threshold below 2 leaves the build as released."""
+    os.environ.setdefault(TINYBLAS_ENV, str(TINYBLAS_MIN_ROWS))
+    base = Path(getattr(llama_cpp.llama_cpp, "_base_path", Path(llama_cpp.__file__).parent / "lib"))
+    for lib in sorted(base.glob("*ggml-cpu*")):
+        try:
+            fn = getattr(ctypes.CDLL(str(lib)), "ggml_cpu_llamafile_min_rows", None)
+        except OSError:
+            continue
+        if fn is not None:
+            fn.restype = ctypes.c_int64
+            return int(fn())
+    return 0
 
 
 def use_extra_buffers(batch_invariant: bool = False) -> bool:
@@ -216,6 +245,10 @@ class LlamaCppTarget:
             raise OmnidraftError(f"n_ctx {n_ctx} exceeds the {self.n_ctx_train} positions {path.name} was trained "
                                  f"for; give n_ctx <= {self.n_ctx_train}")
         self.n_batch = max(1, min(int(n_batch), int(n_ctx)))
+        # rows with logits per eval: below tinyBLAS's threshold on a patched build, so each takes the
+        # one-token arithmetic (a llamafile-free build has no batched kernel to avoid)
+        small = _HAS_LLAMAFILE and _TINYBLAS_MIN_ROWS >= 2 and self.batch_invariant
+        self.logit_batch = min(self.n_batch, _TINYBLAS_MIN_ROWS - 1) if small else self.n_batch
 
         cparams = lc.llama_context_default_params()
         cparams.n_ctx = int(n_ctx)
@@ -273,17 +306,18 @@ class LlamaCppTarget:
         one-token evals, so speculative greedy output equals plain greedy output exactly.
 
         The fast CPU matmuls pick kernels by batch size (see the module docstring). Invariance
-        needs a build without llamafile (:data:`INVARIANT_BUILD`, what set-up installs), weights not
-        repacked and ``GGML_CPU_TILED_MM=0``; multi-token evals then cost more than with those
-        kernels, one-token evals about the same. ``None`` turns it on exactly when the build allows it."""
+        needs a build whose llamafile is patched to leave small evals alone, or one without
+        llamafile (:data:`INVARIANT_BUILD`), weights not repacked and ``GGML_CPU_TILED_MM=0``.
+        ``None`` turns it on exactly when the build allows it."""
         tiled = os.environ.get("GGML_CPU_TILED_MM", "1")
-        possible = not _HAS_LLAMAFILE and tiled.strip() == "0"
+        kernels = not _HAS_LLAMAFILE or _TINYBLAS_MIN_ROWS >= 2
+        possible = kernels and tiled.strip() == "0"
         if requested is None:
             return possible
         if requested and not possible:
-            if _HAS_LLAMAFILE:
-                raise OmnidraftError(f"batch-invariant verification needs llama-cpp-python built without llamafile; "
-                                     f"run: {INVARIANT_BUILD}")
+            if not kernels:
+                raise OmnidraftError(f"batch-invariant verification needs llama-cpp-python built with the patched "
+                                     f"llamafile or without it; run: {INVARIANT_BUILD}")
             raise OmnidraftError(f"batch-invariant verification needs GGML_CPU_TILED_MM=0 (it is {tiled!r}); "
                                  f"unset it before the first llama.cpp call")
         return bool(requested)
@@ -330,7 +364,13 @@ class LlamaCppTarget:
 
     def score(self, ids: Sequence[int], num_proposed: int) -> torch.Tensor:
         """float32 [num_proposed + 1, vocab_size]: logits predicting the token after each of the
-        last num_proposed + 1 ids, from one ``llama_decode`` over what the cache does not hold."""
+        last num_proposed + 1 ids, from evaluating what the cache does not hold.
+
+        Unread context of two or more tokens (a prompt, a new chat turn) is read the way llama.cpp
+        reads a prompt: chunks of ``n_batch``, logits for its last token only. The proposals (with
+        the last context token when it is the only one unread) go in evals of at most
+        ``logit_batch`` rows, which on the patched build keep ggml's one-token kernels: a verify's
+        rows are then bit-identical to decoding the same tokens one at a time."""
         n = len(ids)
         rows = num_proposed + 1
         if n == 0:
@@ -341,8 +381,6 @@ class LlamaCppTarget:
                                  f"(up to {self.n_ctx_train})")
         if rows < 1 or rows > n:
             raise ValueError(f"num_proposed must be in [0, {n - 1}], got {num_proposed}")
-        if rows > self.n_batch:
-            raise ValueError(f"num_proposed + 1 = {rows} exceeds n_batch = {self.n_batch}")
         if not isinstance(ids, list):
             ids = list(ids)
         keep = min(common_prefix_len(self.cached_ids, ids), n - rows)  # the last `rows` are always recomputed
@@ -350,17 +388,35 @@ class LlamaCppTarget:
             self._rollback(keep)
             keep = len(self.cached_ids)  # 0 when this memory could not drop a suffix
         new = ids[keep:]
-        tail = min(len(new), self.n_batch)
-        start = keep
-        for i in range(0, len(new) - tail, self.n_batch):  # a long prompt: chunks without logits
-            chunk = new[i:min(i + self.n_batch, len(new) - tail)]
-            self._eval(chunk, start, 0)
-            start += len(chunk)
-        last = new[len(new) - tail:]
-        self._eval(last, start, rows)
+        unread = len(new) - num_proposed  # context tokens the cache lacks: at least the last one
         out = torch.empty((rows, self.vocab_size), dtype=torch.float32)
-        ctypes.memmove(out.data_ptr(), self._get_logits(self._ctx), rows * self._row_bytes)
+        start = done = 0
+        if unread > 1:  # a prompt: read as llama.cpp reads one (chunks of n_batch, logits for the last token)
+            for i in range(0, unread, self.n_batch):
+                chunk = new[i:min(i + self.n_batch, unread)]
+                self._eval(chunk, keep + i, 1 if i + len(chunk) == unread else 0)
+            self._copy_rows(out, 0, 1)
+            start, done = unread, 1
+        for j in range(start, len(new), self.logit_batch):  # the proposals: the one-token arithmetic
+            part = new[j:j + self.logit_batch]
+            self._eval(part, keep + j, len(part))
+            self._copy_rows(out, done, len(part))
+            done += len(part)
         return out
+
+    def _copy_rows(self, out: torch.Tensor, first: int, n: int) -> None:
+        """The last eval's ``n`` logit rows into ``out[first:first + n]``, one copy from llama.cpp's buffer."""
+        ctypes.memmove(out[first].data_ptr(), self._get_logits(self._ctx), n * self._row_bytes)
+
+    def trim(self, keep: int) -> None:
+        """Drop cached positions from ``keep`` on. The decoder calls it when a request ends, with the
+        length of what a target decoding alone would hold then (everything but the last token): a
+        verify may have cached proposals past the end (an end-of-sequence token and what followed),
+        and the next request must read the same span as the target alone would, in the same evals,
+        for its prompt's KV to be the same."""
+        keep = max(0, int(keep))
+        if keep < len(self.cached_ids):
+            self._rollback(keep)
 
     def _rollback(self, keep: int) -> None:
         if not self._lc.llama_memory_seq_rm(self._memory, 0, keep, -1):
