@@ -27,6 +27,7 @@ from omnidraft.config import (
 from omnidraft.console import notice, warn
 from omnidraft.decode import SpeculativeDecoder
 from omnidraft.drafter import Drafter
+from omnidraft.drafter.llamacpp_lm import NO_ADAPTER
 from omnidraft.drafter.torch_lm import TorchDraftLM, convert_drafter
 from omnidraft.errors import OmnidraftError
 from omnidraft.home import home_dir
@@ -166,6 +167,8 @@ def load_pipeline(target_spec: str, drafter_spec: str | None, *, home=None, dtyp
     if drafter_dtype not in DRAFTER_DTYPES:
         raise OmnidraftError(f"unknown drafter dtype {drafter_dtype!r}; choose one of {', '.join(DRAFTER_DTYPES)}")
     if drafting and adapter not in ("auto", "none"):
+        if drafter_backend == "llamacpp":
+            raise OmnidraftError(f"--adapter {adapter}: {NO_ADAPTER}")
         precheck_adapter(adapter, drafter_dtype)  # a bad path fails now, not after a minute of loading
     if not quiet:
         notice(f"loading target {target_spec} ({resolve_engine(target_spec, engine, dtype)})")
@@ -173,10 +176,16 @@ def load_pipeline(target_spec: str, drafter_spec: str | None, *, home=None, dtyp
     target_tok = target.tokenizer
     if not drafting:
         return Pipeline(SpeculativeDecoder(target), target_spec, None, target_model, None, engine=engine)
-    export = onnx_export_for(drafter_spec, drafter_backend, home)
+    on_llama = drafter_backend == "llamacpp"
+    export = None if on_llama else onnx_export_for(drafter_spec, drafter_backend, home)
     if not quiet:
-        notice(f"loading drafter {drafter_spec} ({'onnx: ' + str(export) if export else 'torch ' + drafter_dtype})")
-    if export is not None:  # the exported graph on onnxruntime: the torch drafter is not loaded at all
+        notice(f"loading drafter {drafter_spec} ({'llama.cpp' if on_llama else 'onnx: ' + str(export) if export else 'torch ' + drafter_dtype})")
+    if on_llama:  # the drafter's GGUF in-process: nothing dequantized, the torch drafter not loaded
+        lm, drafter_tok = gguf_drafter(drafter_spec, home, quiet)
+        drafter_model, vocab, backend = None, lm.vocab_size, "llamacpp"
+        arch = f"gguf:{lm.engine.architecture}"  # no torch module names: no adapter ever matches it
+        adapter = "none"
+    elif export is not None:  # the exported graph on onnxruntime: the torch drafter is not loaded at all
         from transformers import AutoTokenizer
 
         from omnidraft.drafter.onnx_lm import OnnxDraftLM
@@ -204,6 +213,18 @@ def load_pipeline(target_spec: str, drafter_spec: str | None, *, home=None, dtyp
     return Pipeline(decoder, target_spec, drafter_spec, target_model, drafter_model, slot, engine)
 
 
+def gguf_drafter(drafter_spec: str, home=None, quiet: bool = False):
+    """(LlamaCppDraftLM, tokenizer) for ``--drafter-backend llamacpp``: a builtin's GGUF or a .gguf file."""
+    from omnidraft.drafter.llamacpp_lm import LlamaCppDraftLM
+
+    gguf = models.gguf_of(drafter_spec, home, progress=not quiet)
+    if gguf is None:
+        raise OmnidraftError(f"--drafter-backend llamacpp runs a GGUF file; {drafter_spec} is neither a builtin "
+                             f"nor a .gguf file")
+    tokenizer = models.load_tokenizer(drafter_spec, home, progress=not quiet)
+    return LlamaCppDraftLM(gguf, tokenizer), tokenizer
+
+
 def onnx_export_for(drafter_spec: str, backend: str, home=None) -> Path | None:
     """The export folder the drafter runs from on onnxruntime, or None for the torch backend.
 
@@ -212,7 +233,7 @@ def onnx_export_for(drafter_spec: str, backend: str, home=None) -> Path | None:
     from omnidraft.export.folder import settle
     from omnidraft.identity import spec_slug
 
-    if backend == "torch":
+    if backend in ("torch", "llamacpp"):
         return None
     if backend not in ("auto", "onnx"):
         folder = Path(backend).expanduser()

@@ -30,17 +30,18 @@ HF_MODES = ("hf-target", "hf-uag", "hf-lookup", "hf-uag-sample")
 # On llama.cpp: its own greedy loop (llama-cpp-python's ``Llama.generate``), our loop with the
 # target alone, ours with the cost-aware draft policy, and ours drafting blindly (always k = 4).
 LLAMA_MODES = ("llamacpp", "target@llamacpp", "greedy@llamacpp", "greedy-k4@llamacpp", "greedy-onnx@llamacpp",
-               "lookup@llamacpp", "greedy-nolookup@llamacpp", "greedy-repeat@llamacpp")
+               "greedy-gguf@llamacpp", "lookup@llamacpp", "greedy-nolookup@llamacpp", "greedy-repeat@llamacpp")
 ONNX_MODES = ("greedy-onnx", "greedy-onnx@llamacpp")  # the drafter on onnxruntime (the home's export)
+GGUF_MODES = ("greedy-gguf", "greedy-gguf@llamacpp")  # the drafter's GGUF on llama.cpp
 # Against a target on a server: it decodes alone and streams (``server-stream``: what a thin client
 # has, the baseline), streaming verification (``stream``), and one Verify per step for reference:
 # per token (``target``) or per draft (``greedy`` and its token-translation variants).
 STREAM_MODES = ("server-stream", "stream")
 REMOTE_MODES = STREAM_MODES + ("target", "greedy", "greedy-ngram", "greedy-nocache")
-ALL_MODES = OUR_MODES + ("greedy-onnx",) + HF_MODES + LLAMA_MODES + STREAM_MODES
+ALL_MODES = OUR_MODES + ("greedy-onnx", "greedy-gguf") + HF_MODES + LLAMA_MODES + STREAM_MODES
 DEFAULT_MODES = ("target", "hf-target", "hf-uag", "greedy", "greedy-ngram", "greedy-nocache", "tli", "omnidraft")
 GREEDY_MODES = ("target", "hf-target", "hf-uag", "hf-lookup", "greedy", "greedy-ngram", "greedy-nocache", "greedy-onnx",
-                "lookup", "greedy-nolookup", "greedy-repeat") + LLAMA_MODES + STREAM_MODES
+                "greedy-gguf", "lookup", "greedy-nolookup", "greedy-repeat") + LLAMA_MODES + STREAM_MODES
 
 
 def baseline_of(mode: str, available: Collection[str] = ()) -> str:
@@ -307,12 +308,14 @@ def llama_native_mode(target, max_new_tokens: int) -> ModeFn:
 
 
 def build_modes(pipe, modes: Sequence[str], base: DecodeConfig, temperature: float,
-                ngrams_factory: Callable[[], NgramCache] = NgramTrie, llama=None, onnx=None) -> dict[str, ModeFn]:
+                ngrams_factory: Callable[[], NgramCache] = NgramTrie, llama=None, onnx=None,
+                gguf=None) -> dict[str, ModeFn]:
     """Mode name -> runner, all sharing the pipeline's target engine, drafter and weights.
 
     ``base`` carries the shared knobs (max new tokens, draft length, draft policy, seed).
     ``llama``: the same target on llama.cpp (a ``LlamaCppTarget``), for the ``@llamacpp`` modes;
-    ``onnx``: the drafter on onnxruntime (a ``Drafter`` over ``OnnxDraftLM``), for the ``-onnx`` modes.
+    ``onnx``: the drafter on onnxruntime (a ``Drafter`` over ``OnnxDraftLM``), for the ``-onnx`` modes;
+    ``gguf``: the drafter on llama.cpp (a ``Drafter`` over ``LlamaCppDraftLM``), for the ``-gguf`` modes.
     """
     target, drafter, bridge = pipe.decoder.target, pipe.decoder.drafter, pipe.decoder.bridge
     max_new_tokens = base.max_new_tokens
@@ -372,9 +375,15 @@ def build_modes(pipe, modes: Sequence[str], base: DecodeConfig, temperature: flo
                                         cfg(verify="greedy", translate="text")),
         "greedy-onnx@llamacpp": lambda: our_mode(SpeculativeDecoder(llama, onnx, bridge, ngrams_factory()),
                                                  cfg(verify="greedy", translate="text")),
+        "greedy-gguf": lambda: our_mode(SpeculativeDecoder(target, gguf, bridge, ngrams_factory()),
+                                        cfg(verify="greedy", translate="text")),
+        "greedy-gguf@llamacpp": lambda: our_mode(SpeculativeDecoder(llama, gguf, bridge, ngrams_factory()),
+                                                 cfg(verify="greedy", translate="text")),
     }
     if onnx is None and any(m in ONNX_MODES for m in modes):
         raise ValueError("the -onnx modes need the drafter's ONNX export (omnidraft export)")
+    if gguf is None and any(m in GGUF_MODES for m in modes):
+        raise ValueError("the -gguf modes need the drafter on llama.cpp")
     if llama is None and any(m in LLAMA_MODES for m in modes):
         raise ValueError("the @llamacpp modes need the target on llama.cpp")
     unknown = [m for m in modes if m not in table]

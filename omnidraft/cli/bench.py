@@ -178,6 +178,15 @@ def _onnx_drafter(args: argparse.Namespace, pipe):
     return Drafter(OnnxDraftLM(folder), pipe.decoder.drafter.stop_ids)
 
 
+def _gguf_drafter(args: argparse.Namespace, pipe):
+    """The drafter's GGUF on llama.cpp (base weights), sharing the pipeline's stop tokens."""
+    from omnidraft.drafter import Drafter
+    from omnidraft.runtime import gguf_drafter
+
+    lm, _ = gguf_drafter(args.drafter, quiet=True)
+    return Drafter(lm, pipe.decoder.drafter.stop_ids)
+
+
 def _llama_target(args: argparse.Namespace, pipe):
     """The same target on llama.cpp, sharing the torch pipeline's tokenizer (so its bridge too)."""
     from omnidraft import models
@@ -196,6 +205,7 @@ def run(args: argparse.Namespace) -> int:
     from omnidraft.bench.report import markdown_table, write_results
     from omnidraft.bench.runner import (
         LLAMA_MODES,
+        GGUF_MODES,
         ONNX_MODES,
         build_modes,
         policy_report,
@@ -216,7 +226,8 @@ def run(args: argparse.Namespace) -> int:
     factory = _ngram_factory(args, pipe) if pipe.decoder.drafter is not None else None
     llama = _llama_target(args, pipe) if any(m in LLAMA_MODES for m in modes) else None
     onnx = _onnx_drafter(args, pipe) if any(m in ONNX_MODES for m in modes) else None
-    fns = build_modes(pipe, modes, base, args.sample_temperature, llama=llama, onnx=onnx,
+    gguf = _gguf_drafter(args, pipe) if any(m in GGUF_MODES for m in modes) else None
+    fns = build_modes(pipe, modes, base, args.sample_temperature, llama=llama, onnx=onnx, gguf=gguf,
                       **({"ngrams_factory": factory} if factory else {}))
     warm = encode_prompt(pipe.target_tokenizer, WARMUP_TEXT, chat=False)
     runs = run_bench(fns, prompts, warmup=warm[:16])

@@ -235,6 +235,7 @@ class LlamaCppTarget:
                 raise OmnidraftError(self._load_failure(path))
             handles["model"] = model
         self.architecture = self._meta(model, "general.architecture")
+        self.n_embd = int(lc.llama_model_n_embd(model))
 
         self.n_ctx_train = int(lc.llama_model_n_ctx_train(model)) or DEFAULT_N_CTX
         if n_ctx is None:
@@ -403,6 +404,26 @@ class LlamaCppTarget:
             self._copy_rows(out, done, len(part))
             done += len(part)
         return out
+
+    def step(self, token: int) -> torch.Tensor:
+        """[vocab] float32 logits after feeding one token behind the cached ones (a drafter's hot
+        path: no prefix comparison)."""
+        self._eval([int(token)], len(self.cached_ids), 1)
+        out = torch.empty(self.vocab_size, dtype=torch.float32)
+        ctypes.memmove(out.data_ptr(), self._get_logits(self._ctx), self._row_bytes)
+        return out
+
+    def keep_hidden(self, on: bool) -> None:
+        """Whether the following evals also keep the final hidden state (the LM head's input).
+        llama.cpp then outputs every row of an eval, so a drafter turns it on for one-token steps only."""
+        self._lc.llama_set_embeddings(self._ctx, bool(on))
+
+    def hidden_state(self) -> torch.Tensor:
+        """[n_embd] float32: the last eval's final hidden state (after :meth:`keep_hidden`)."""
+        ptr = self._lc.llama_get_embeddings_ith(self._ctx, -1)
+        if not ptr:
+            raise OmnidraftError("llama.cpp kept no hidden state for the last eval")
+        return torch.from_numpy(np.ctypeslib.as_array(ptr, shape=(self.n_embd,)).copy())
 
     def _copy_rows(self, out: torch.Tensor, first: int, n: int) -> None:
         """The last eval's ``n`` logit rows into ``out[first:first + n]``, one copy from llama.cpp's buffer."""

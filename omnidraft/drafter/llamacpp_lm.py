@@ -1,0 +1,82 @@
+"""The drafter on llama.cpp: the shipped GGUF in-process, nothing dequantized.
+
+:class:`LlamaCppDraftLM` puts a :class:`~omnidraft.target.llamacpp.LlamaCppTarget` (one context,
+KV rollback with ``llama_memory_seq_rm``) behind the :class:`~omnidraft.drafter.base.DraftLM`
+interface. A drafter needs no batch invariance (the target verifies every token), so its weights may
+be repacked into the CPU's fastest layout. The final hidden state (the acceptance head's input) is
+kept for one-token evals only: with it on, llama.cpp outputs every row of a prompt read.
+
+Adapters: the trainer's LoRA tensors are not converted to GGUF LoRA yet, so this backend drafts with
+the base weights and refuses an adapter (the runtime then says which backend takes one).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from omnidraft.kv import common_prefix_len
+from omnidraft.target.llamacpp import LlamaCppTarget
+
+NO_ADAPTER = ("the llama.cpp drafter runs the base weights only (GGUF LoRA is not built yet); "
+              "use --drafter-backend torch or onnx for an adapter, or --adapter none")
+DEFAULT_N_CTX = 4096
+
+
+class LlamaCppDraftLM:
+    """:class:`~omnidraft.drafter.base.DraftLM` over a GGUF on llama.cpp."""
+
+    takes_adapters = False  # online learning refuses to start on it (see NO_ADAPTER)
+
+    def __init__(self, gguf: str | Path, tokenizer, *, n_ctx: int = DEFAULT_N_CTX, n_threads: int | None = None,
+                 engine: LlamaCppTarget | None = None) -> None:
+        self.engine = engine or LlamaCppTarget(gguf, tokenizer, n_ctx=n_ctx, n_threads=n_threads, batch_invariant=False)
+        self.path, self.tokenizer = Path(gguf), tokenizer
+        self.vocab_size, self.hidden_size = self.engine.vocab_size, self.engine.n_embd
+        self.max_positions = self.engine.max_context
+        self._hidden = torch.zeros(self.hidden_size)
+        self._hidden_on = False
+
+    @property
+    def cached_ids(self) -> list[int]:
+        return self.engine.cached_ids
+
+    @property
+    def last_hidden(self) -> torch.Tensor:
+        return self._hidden
+
+    def logits_for(self, ids: Sequence[int]) -> torch.Tensor:
+        ids = list(ids)
+        if len(ids) - min(common_prefix_len(self.engine.cached_ids, ids), len(ids) - 1) > 1:
+            self._hidden_state(False)  # read all but the last id as a prompt: no row but the last is output
+            self.engine.score(ids[:-1], 0)
+        self._hidden_state(True)
+        row = self.engine.score(ids, 0)[0]
+        self._hidden = self.engine.hidden_state()
+        return row
+
+    def step(self, token: int) -> torch.Tensor:
+        self._hidden_state(True)
+        row = self.engine.step(token)
+        self._hidden = self.engine.hidden_state()
+        return row
+
+    def _hidden_state(self, on: bool) -> None:
+        if on != self._hidden_on:
+            self.engine.keep_hidden(on)
+            self._hidden_on = on
+
+    def reset(self) -> None:
+        self.engine.reset()
+
+    def fork(self) -> LlamaCppDraftLM:
+        """Another drafter over the same loaded weights with a KV cache of its own."""
+        e = self.engine
+        return LlamaCppDraftLM(self.path, self.tokenizer, engine=LlamaCppTarget(
+            e.path, e.tokenizer, n_ctx=e.max_context, n_threads=e.n_threads, batch_invariant=False, model_from=e))
+
+    def apply_adapter(self, state, scaling: float = 1.0) -> None:
+        if state is not None:
+            raise ValueError(NO_ADAPTER)
