@@ -33,7 +33,6 @@ class LlamaCppDraftLM:
     def __init__(self, gguf: str | Path, tokenizer, *, n_ctx: int = DEFAULT_N_CTX, n_threads: int | None = None,
                  engine: LlamaCppTarget | None = None) -> None:
         self.engine = engine or LlamaCppTarget(gguf, tokenizer, n_ctx=n_ctx, n_threads=n_threads, batch_invariant=False)
-        self.path, self.tokenizer = Path(gguf), tokenizer
         self.vocab_size, self.hidden_size = self.engine.vocab_size, self.engine.n_embd
         self.max_positions = self.engine.max_context
         self._hidden = torch.zeros(self.hidden_size)
@@ -74,7 +73,7 @@ class LlamaCppDraftLM:
     def fork(self) -> LlamaCppDraftLM:
         """Another drafter over the same loaded weights with a KV cache of its own."""
         e = self.engine
-        return LlamaCppDraftLM(self.path, self.tokenizer, engine=LlamaCppTarget(
+        return LlamaCppDraftLM(e.path, e.tokenizer, engine=LlamaCppTarget(
             e.path, e.tokenizer, n_ctx=e.max_context, n_threads=e.n_threads, batch_invariant=False, model_from=e))
 
     def apply_adapter(self, state, scaling: float = 1.0) -> None:

@@ -40,7 +40,7 @@ from omnidraft.console import notice
 from omnidraft.costs import AcceptanceStats, VerifyCosts, best_draft_length
 from omnidraft.errors import OmnidraftError
 from omnidraft.rpc.proto import SERVICE_NAME, pb, services
-from omnidraft.target.base import cut, decide, step_generator
+from omnidraft.target.base import cut, decide, settle_cache, step_generator
 from omnidraft.verify import IDS_ONLY_RULES, MIN_TEMPERATURE, MIN_TEMPERATURE_F32
 from omnidraft.verify.proposal import Proposal
 
@@ -206,10 +206,8 @@ class TargetService(services.TargetServicer):
     def _settle(self, session: Session, ids: list[int]) -> None:
         """Let the session's engine keep only what it would hold had it decoded ``ids`` alone (see
         ``LocalVerifier.settle``): a stream with drafts then leaves the same cache as ``Generate``."""
-        trim = getattr(session.target, "trim", None)
-        if trim is not None:
-            with self.compute_lock:
-                trim(len(ids) - 1)
+        with self.compute_lock:
+            settle_cache(session.target, ids)
 
     # ---- validation, before any model work
 

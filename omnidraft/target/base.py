@@ -115,12 +115,19 @@ class LocalVerifier:
         return Verdict(accepted, nxt, logits)
 
     def settle(self, ids: Sequence[int]) -> None:
-        trim = getattr(self.target, "trim", None)  # an engine whose prompt reads depend on its cache
-        if trim is not None:
-            trim(len(ids) - 1)  # a target decoding alone never evaluates the last token it emitted
+        settle_cache(self.target, ids)
 
     def reset(self) -> None:
         self.target.reset()
+
+
+def settle_cache(target: Target, ids: Sequence[int]) -> None:
+    """After a request that ended with ``ids``, keep in an engine's cache only what the target decoding
+    alone would hold: all but the last token, which it never evaluates. Only engines whose prompt reads
+    depend on what is cached (llama.cpp) have ``trim``; for the rest there is nothing to do."""
+    trim = getattr(target, "trim", None)
+    if trim is not None:
+        trim(len(ids) - 1)
 
 
 def cut(emitted: list[int], eos_ids: frozenset[int], remaining: int) -> tuple[list[int], bool]:
