@@ -27,7 +27,6 @@ from omnidraft.config import (
 from omnidraft.console import notice, warn
 from omnidraft.decode import SpeculativeDecoder
 from omnidraft.drafter import Drafter
-from omnidraft.drafter.llamacpp_lm import NO_ADAPTER
 from omnidraft.drafter.torch_lm import TorchDraftLM, convert_drafter
 from omnidraft.errors import OmnidraftError
 from omnidraft.home import home_dir
@@ -167,8 +166,6 @@ def load_pipeline(target_spec: str, drafter_spec: str | None, *, home=None, dtyp
     if drafter_dtype not in DRAFTER_DTYPES:
         raise OmnidraftError(f"unknown drafter dtype {drafter_dtype!r}; choose one of {', '.join(DRAFTER_DTYPES)}")
     if drafting and adapter not in ("auto", "none"):
-        if drafter_backend == "llamacpp":
-            raise OmnidraftError(f"--adapter {adapter}: {NO_ADAPTER}")
         precheck_adapter(adapter, drafter_dtype)  # a bad path fails now, not after a minute of loading
     if not quiet:
         notice(f"loading target {target_spec} ({resolve_engine(target_spec, engine, dtype)})")
@@ -183,8 +180,7 @@ def load_pipeline(target_spec: str, drafter_spec: str | None, *, home=None, dtyp
     if on_llama:  # the drafter's GGUF in-process: nothing dequantized, the torch drafter not loaded
         lm, drafter_tok = gguf_drafter(drafter_spec, home, quiet)
         drafter_model, vocab, backend = None, lm.vocab_size, "llamacpp"
-        arch = f"gguf:{lm.engine.architecture}"  # no torch module names: no adapter ever matches it
-        adapter = "none"
+        arch = gguf_architecture(lm.engine.path, home)  # the torch twin's: the trainer's adapters fit it
     elif export is not None:  # the exported graph on onnxruntime: the torch drafter is not loaded at all
         from transformers import AutoTokenizer
 
@@ -223,6 +219,35 @@ def gguf_drafter(drafter_spec: str, home=None, quiet: bool = False):
                              f"nor a .gguf file")
     tokenizer = models.load_tokenizer(drafter_spec, home, progress=not quiet)
     return LlamaCppDraftLM(gguf, tokenizer), tokenizer
+
+
+def gguf_architecture(gguf: Path, home=None) -> str:
+    """The adapter fingerprint (module names and shapes) of the torch model a GGUF loads as, without
+    loading its weights. Reading the config out of a GGUF takes seconds, so it is kept per file."""
+    import hashlib
+    import json
+
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from omnidraft.fsutil import atomic_write_json
+
+    stat = gguf.stat()
+    key = hashlib.sha256(f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:24]
+    memo = models.models_dir(home) / "architectures" / f"{key}.json"
+    try:
+        return str(json.loads(memo.read_text())["architecture"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # none yet, or unreadable: compute it again
+    config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    with torch.device("meta"):  # shapes and names only: no memory, no weights read
+        twin = AutoModelForCausalLM.from_config(config)
+    arch = adapters.architecture_fingerprint(twin)
+    try:
+        memo.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(memo, {"gguf": str(gguf), "architecture": arch})
+    except (OSError, OmnidraftError):
+        pass  # a read-only home: computed again next time
+    return arch
 
 
 def onnx_export_for(drafter_spec: str, backend: str, home=None) -> Path | None:

@@ -2,17 +2,22 @@
 
 Its cache follows a token list like the other backends (a step equals reading the longer list; a
 rollback equals a fresh read), it agrees with the fp32 torch drafter (the same Q4_1 weights,
-dequantized there) on nearly every greedy token, it refuses an adapter in one line, and greedy
-speculative decoding with it keeps the target's own output.
+dequantized there) on nearly every greedy token, it takes the trainer's LoRA adapters as GGUF LoRA
+with the logits torch + peft gives on the same adapter, and greedy speculative decoding with it
+keeps the target's own output.
 """
 
 from __future__ import annotations
+
+import copy
 
 import pytest
 import torch
 from conftest import DRAFTER, TEST_HOME
 
 from omnidraft import models
+from omnidraft.adapter import gguf_lora
+from omnidraft.adapter.store import architecture_fingerprint, identity_of
 from omnidraft.config import DecodeConfig
 from omnidraft.decode import SpeculativeDecoder
 from omnidraft.drafter import Drafter
@@ -69,21 +74,91 @@ def test_it_agrees_with_the_fp32_torch_drafter(gguf_lm, real_models):
     assert same / total >= 0.9, f"top-1 agreement {same}/{total}"
 
 
+@pytest.fixture(scope="module")
+def peft_drafter(real_models):
+    """The fp32 drafter under peft with a LoRA strong enough to move its logits far past the
+    quantization gap between the two backends (B is zero when peft starts an adapter)."""
+    from omnidraft.train import lora
+
+    model, _ = real_models(DRAFTER)
+    peft = lora.attach(copy.deepcopy(model), lora.lora_config(rank=8, alpha=16)).eval()
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, p in peft.named_parameters():
+            if "lora_" in name:
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.06)
+    return peft, lora.lora_state(peft), 16 / 8
+
+
+def _last_logits(peft, ids) -> torch.Tensor:
+    with torch.no_grad():
+        return peft(torch.tensor([ids])).logits[0, -1].float()
+
+
 @pytest.mark.real
-def test_it_refuses_an_adapter_and_fork_has_its_own_cache(gguf_lm):
+def test_a_gguf_lora_gives_the_logits_of_torch_and_peft(gguf_lm, peft_drafter):
     lm, tok = gguf_lm
-    lm.apply_adapter(None)  # the base weights: fine
-    with pytest.raises(ValueError, match="base weights only"):
-        lm.apply_adapter({"x.lora_A.weight": torch.zeros(1, 1)})
+    peft, state, scaling = peft_drafter
+    ids = list(tok.encode(TEXT))[:40]
+    with peft.disable_adapter():
+        base_torch = _last_logits(peft, ids)
+    adapted_torch = _last_logits(peft, ids)
+    lm.apply_adapter(None)
+    lm.reset()
+    base_gguf = lm.logits_for(ids).clone()
+    lm.apply_adapter(state, scaling)
+    lm.reset()
+    adapted_gguf = lm.logits_for(ids).clone()
+    quantization_gap = (base_torch - base_gguf).abs().max()
+    shift = (adapted_torch - base_torch).abs().max()
+    assert shift > 8 * quantization_gap, "the adapter must move the logits far more than the backends differ"
+    gap = (adapted_torch - adapted_gguf).abs().max()
+    assert gap < 2 * quantization_gap, f"with the adapter: {gap:.3f}, base weights: {quantization_gap:.3f}"
+    assert adapted_gguf.argmax() == adapted_torch.argmax()
+    lm.apply_adapter(None)  # back to the base weights, exactly
+    lm.reset()
+    assert torch.equal(lm.logits_for(ids), base_gguf)
+
+
+@pytest.mark.real
+def test_without_the_q_k_row_permutation_the_adapter_lands_on_the_wrong_rows(gguf_lm, peft_drafter, monkeypatch):
+    lm, tok = gguf_lm
+    peft, state, scaling = peft_drafter
+    ids = list(tok.encode(TEXT))[:40]
+    adapted_torch = _last_logits(peft, ids)
+    lm.apply_adapter(state, scaling)
+    lm.reset()
+    right = (lm.logits_for(ids) - adapted_torch).abs().max()
+    monkeypatch.setattr(gguf_lora, "ROPE_PERMUTED", frozenset())
+    lm.apply_adapter(state, scaling)
+    lm.reset()
+    wrong = (lm.logits_for(ids) - adapted_torch).abs().max()
+    lm.apply_adapter(None)
+    assert wrong > 2 * right, (float(wrong), float(right))
+
+
+@pytest.mark.real
+def test_a_misfit_adapter_is_refused_and_a_fork_carries_the_adapter(gguf_lm, peft_drafter):
+    lm, tok = gguf_lm
+    _, state, scaling = peft_drafter
+    ids = list(tok.encode(TEXT))
+    lm.apply_adapter(state, scaling)
+    lm.reset()
+    adapted = lm.logits_for(ids[:30]).clone()
+    key = next(k for k in state if k.endswith("q_proj.lora_A.weight"))
+    with pytest.raises(ValueError):  # another drafter's shapes: llama.cpp refuses it, nothing changes
+        lm.apply_adapter({**state, key: torch.zeros(8, 7)}, scaling)
+    lm.reset()
+    assert torch.equal(lm.logits_for(ids[:30]), adapted)
     other = lm.fork()
     try:
-        ids = list(tok.encode(TEXT))
         lm.reset()
         lm.logits_for(ids[:10])
-        other.logits_for(ids[:30])
-        assert lm.cached_ids == ids[:10] and other.cached_ids == ids[:30]
+        assert torch.equal(other.logits_for(ids[:30]), adapted)  # same weights, same adapter
+        assert lm.cached_ids == ids[:10] and other.cached_ids == ids[:30]  # caches of their own
     finally:
         other.engine.close()
+        lm.apply_adapter(None)
 
 
 @pytest.mark.real
@@ -103,13 +178,23 @@ def test_greedy_with_the_gguf_drafter_is_the_targets_own_output(gguf_lm, real_mo
 
 
 @pytest.mark.real
-def test_the_pipeline_loads_it_without_the_torch_drafter_and_refuses_an_adapter_path(tmp_path):
-    with pytest.raises(OmnidraftError, match="base weights only"):
-        load_pipeline("builtin:gemma3-270m", DRAFTER, home=TEST_HOME, quiet=True, adapter=str(tmp_path),
+def test_the_pipeline_loads_it_without_the_torch_drafter_and_uses_the_pairs_adapter(tmp_path, peft_drafter,
+                                                                                      real_models):
+    from omnidraft.train.publish import save
+
+    peft, state, _ = peft_drafter
+    d_model, d_tok = real_models(DRAFTER)
+    _, t_tok = real_models("builtin:gemma3-270m")
+    identity = identity_of(d_tok, t_tok, d_model)
+    save(tmp_path / "adapter", peft, {"identity": vars(identity), "updates": 1})
+    with pytest.raises(OmnidraftError, match="no adapter folder"):
+        load_pipeline("builtin:gemma3-270m", DRAFTER, home=TEST_HOME, quiet=True, adapter=str(tmp_path / "nowhere"),
                       drafter_backend="llamacpp")
-    pipe = load_pipeline("builtin:gemma3-270m", DRAFTER, home=TEST_HOME, quiet=True, drafter_backend="llamacpp")
+    pipe = load_pipeline("builtin:gemma3-270m", DRAFTER, home=TEST_HOME, quiet=True, adapter=str(tmp_path / "adapter"),
+                         drafter_backend="llamacpp")
     try:
         assert isinstance(pipe.decoder.drafter.lm, LlamaCppDraftLM) and pipe.drafter_model is None
-        assert pipe.adapter_slot.current is None
+        assert pipe.adapter_slot.identity.drafter_arch == architecture_fingerprint(d_model)  # without loading it
+        assert pipe.adapter_slot.current is not None and pipe.adapter_slot.current.state.keys() == state.keys()
     finally:
         pipe.decoder.drafter.lm.engine.close()

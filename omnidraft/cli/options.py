@@ -149,7 +149,7 @@ def add_model_options(parser: argparse.ArgumentParser, *, target: bool = True, d
     if drafter:
         g.add_argument("--drafter-backend", type=text, default="auto",
                        help="what runs the drafter: torch, onnx (the export `omnidraft export` wrote under the home), "
-                            "an export folder, llamacpp (its GGUF on llama.cpp; base weights, no adapter), "
+                            "an export folder, llamacpp (its GGUF on llama.cpp; adapters as GGUF LoRA), "
                             "or auto (the export when there is one, else torch)")
         g.add_argument("--drafter-dtype", choices=DRAFTER_DTYPES, default=DEFAULT_DRAFTER_DTYPE,
                        help="drafter precision (speed only: the target verifies every token; int8 takes no adapter)")

@@ -6,29 +6,30 @@ interface. A drafter needs no batch invariance (the target verifies every token)
 be repacked into the CPU's fastest layout. The final hidden state (the acceptance head's input) is
 kept for one-token evals only: with it on, llama.cpp outputs every row of a prompt read.
 
-Adapters: the trainer's LoRA tensors are not converted to GGUF LoRA yet, so this backend drafts with
-the base weights and refuses an adapter (the runtime then says which backend takes one).
+Adapters: the trainer publishes peft tensors on torch; :meth:`LlamaCppDraftLM.apply_adapter` writes
+them as a GGUF LoRA (``omnidraft/adapter/gguf_lora.py``) to a temporary file, loads it against the
+shared weights and sets it on this drafter's context, so the base GGUF is never rewritten and
+switching adapters costs one small file (rank x (in + out) floats per Linear).
 """
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 
+from omnidraft.adapter.gguf_lora import GgufShape, write_gguf_lora
+from omnidraft.errors import OmnidraftError
 from omnidraft.kv import common_prefix_len
 from omnidraft.target.llamacpp import LlamaCppTarget
 
-NO_ADAPTER = ("the llama.cpp drafter runs the base weights only (GGUF LoRA is not built yet); "
-              "use --drafter-backend torch or onnx for an adapter, or --adapter none")
 DEFAULT_N_CTX = 4096
 
 
 class LlamaCppDraftLM:
     """:class:`~omnidraft.drafter.base.DraftLM` over a GGUF on llama.cpp."""
-
-    takes_adapters = False  # online learning refuses to start on it (see NO_ADAPTER)
 
     def __init__(self, gguf: str | Path, tokenizer, *, n_ctx: int = DEFAULT_N_CTX, n_threads: int | None = None,
                  engine: LlamaCppTarget | None = None) -> None:
@@ -37,6 +38,7 @@ class LlamaCppDraftLM:
         self.max_positions = self.engine.max_context
         self._hidden = torch.zeros(self.hidden_size)
         self._hidden_on = False
+        self._adapter: tuple[dict[str, torch.Tensor], float] | None = None  # what a fork carries over
 
     @property
     def cached_ids(self) -> list[int]:
@@ -73,9 +75,27 @@ class LlamaCppDraftLM:
     def fork(self) -> LlamaCppDraftLM:
         """Another drafter over the same loaded weights with a KV cache of its own."""
         e = self.engine
-        return LlamaCppDraftLM(e.path, e.tokenizer, engine=LlamaCppTarget(
+        fork = LlamaCppDraftLM(e.path, e.tokenizer, engine=LlamaCppTarget(
             e.path, e.tokenizer, n_ctx=e.max_context, n_threads=e.n_threads, batch_invariant=False, model_from=e))
+        if self._adapter is not None:
+            fork.apply_adapter(*self._adapter)
+        return fork
 
-    def apply_adapter(self, state, scaling: float = 1.0) -> None:
-        if state is not None:
-            raise ValueError(NO_ADAPTER)
+    def gguf_shape(self) -> GgufShape:
+        return GgufShape(self.engine.architecture, *self.engine.attention_dims())
+
+    def apply_adapter(self, state: dict[str, torch.Tensor] | None, scaling: float = 1.0) -> None:
+        """Use LoRA tensors (peft names) as a GGUF LoRA scaled by ``scaling``; None: the base weights.
+        A state that does not fit these weights raises ValueError before anything changes."""
+        if state is None:
+            self.engine.use_lora(None)
+            self._adapter = None
+            return
+        with tempfile.TemporaryDirectory(prefix="omnidraft-lora-") as folder:  # llama.cpp copies it in
+            path = Path(folder) / "adapter.gguf"
+            write_gguf_lora(state, self.gguf_shape(), path)
+            try:
+                self.engine.use_lora(path, scaling)
+            except OmnidraftError as exc:  # a shape llama.cpp refuses: the adapter is unusable here
+                raise ValueError(str(exc)) from None
+        self._adapter = (state, scaling)

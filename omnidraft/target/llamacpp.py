@@ -180,6 +180,8 @@ def _free(llama_cpp, handles: dict) -> None:
         llama_cpp.llama_batch_free(handles.pop("batch"))
     if handles.get("ctx") is not None:
         llama_cpp.llama_free(handles.pop("ctx"))
+    if handles.get("lora") is not None:  # after the context that uses it, before the model it belongs to
+        llama_cpp.llama_adapter_lora_free(handles.pop("lora"))
     if handles.get("model") is not None:
         llama_cpp.llama_model_free(handles.pop("model"))
 
@@ -234,6 +236,7 @@ class LlamaCppTarget:
             if not model:
                 raise OmnidraftError(self._load_failure(path))
             handles["model"] = model
+        self._model = model  # adapters are loaded against the weights, shared or owned
         self.architecture = self._meta(model, "general.architecture")
         self.n_embd = int(lc.llama_model_n_embd(model))
 
@@ -347,6 +350,32 @@ class LlamaCppTarget:
         return LlamaCppTarget(self.path, self.tokenizer, n_ctx=self.max_context, n_threads=self.n_threads,
                               eos_ids=self.eos_ids, n_batch=self.n_batch, batch_invariant=self.batch_invariant,
                               model_from=self)
+
+    def attention_dims(self) -> tuple[int, int, int]:
+        """(layers, attention heads, key/value heads) of the loaded weights."""
+        lc, model = self._lc, self._model
+        return int(lc.llama_model_n_layer(model)), int(lc.llama_model_n_head(model)), int(lc.llama_model_n_head_kv(model))
+
+    def use_lora(self, path: Path | None, scale: float = 1.0) -> None:
+        """Load the GGUF LoRA at ``path`` and make it this context's only adapter, scaled by ``scale``
+        (None: the base weights). The previous adapter is freed once the new one is set; the KV cache
+        is left as it is (the caller resets it: it was computed with the old weights)."""
+        lc = self._lc
+        new = None
+        if path is not None:
+            _LOG.clear()
+            new = lc.llama_adapter_lora_init(self._model, str(path).encode())
+            if not new:
+                raise OmnidraftError(f"llama.cpp could not load the LoRA adapter {Path(path).name}: "
+                                     f"{_last_error() or 'no reason given'}")
+        adapters = (lc.llama_adapter_lora_p_ctypes * 1)(new) if new else None
+        scales = (ctypes.c_float * 1)(scale) if new else None
+        lc.llama_set_adapters_lora(self._ctx, adapters, 1 if new else 0, scales)
+        old = self._handles.pop("lora", None)
+        if old is not None:
+            lc.llama_adapter_lora_free(old)
+        if new is not None:
+            self._handles["lora"] = new
 
     def reset(self) -> None:
         """Forget the KV cache."""

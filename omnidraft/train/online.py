@@ -14,7 +14,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from omnidraft.adapter import store
-from omnidraft.errors import OmnidraftError
 from omnidraft.observer import DecodeObserver
 from omnidraft.train.background import BackgroundTrainer, TrainerSetup
 from omnidraft.train.config import TrainConfig
@@ -45,10 +44,6 @@ class OnlineLearning:
     def __init__(self, pipe, config: TrainConfig, home: str | None = None, save_to: Path | None = None, nice: int = 19) -> None:
         if pipe.adapter_slot is None:
             raise ValueError("online learning needs a drafter with adapters enabled")
-        if not getattr(pipe.adapter_slot.drafter.lm, "takes_adapters", True):
-            from omnidraft.drafter.llamacpp_lm import NO_ADAPTER
-
-            raise OmnidraftError(f"cannot train adapters here: {NO_ADAPTER}")
         self.pipe = pipe
         bridge = pipe.decoder.bridge
         self.bridge = bridge
