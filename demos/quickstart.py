@@ -5,18 +5,22 @@ under the cost-aware draft policy — checks that the outputs are token for toke
 prints both speeds and what the policy chose:
 
 - on llama.cpp (the builtin GGUF targets' default engine) a k-token eval costs about k/1.6 steps
-  on a CPU, so the drafter cannot pay and the policy decodes plainly; what pays is text the target
-  repeats (the code-editing prompt), proposed by prompt lookup for free. Where nothing repeats,
-  expect 0.9-1.05x on these one-second runs: timing noise, and a lookup tried now and then to see
-  whether it pays (each failed try makes the next one rarer);
+  on a CPU, so the drafter rarely pays and the policy mostly decodes plainly; what pays is text the
+  target repeats (the code-editing prompt), proposed by prompt lookup for free. Where nothing
+  repeats, expect 0.9-1.05x on these one-second runs: timing noise, and a draft tried now and then
+  to see whether it pays (each failed try makes the next one rarer);
 - on torch (memory-bound, like a GPU or a server) a verify of a few tokens costs about one step,
   and the drafter pays on every prompt.
+
+The drafter runs on whatever this machine runs it fastest (``--drafter-backend auto``: its GGUF on
+llama.cpp, eager torch, or an ONNX export, measured once per home and CPU); the header of each
+case says which, and the policy line its cost per token inside the loop.
 
 Every output is also remembered (the lookup history under ./cache_store), so a second run of this
 demo drafts much of each answer from the first one's: that is the product getting faster with use.
 The first run unpacks the models once under ./models (the torch target is dequantized from its
-GGUF, about a minute) and measures this machine's verify and drafter costs once per pair; later
-runs start in seconds.
+GGUF, about a minute), picks the drafter's backend (half a minute) and measures this machine's
+verify and drafter costs once per pair; later runs start in seconds.
 """
 
 from __future__ import annotations
@@ -52,7 +56,7 @@ def run_case(target_spec: str, engine: str, prompts: list[tuple[str, bool]], con
     """Decode each prompt with the target alone and with the drafter; True if every output matched."""
     pipe = load_pipeline(target_spec, DRAFTER, engine=engine)
     alone = SpeculativeDecoder(pipe.decoder.target)  # same target engine, no drafter
-    print(f"\n=== {DRAFTER} -> {target_spec} on {pipe.engine} "
+    print(f"\n=== {DRAFTER} (on {pipe.drafter_backend}) -> {target_spec} on {pipe.engine} "
           f"(vocabulary intersection: {pipe.decoder.bridge.intersection_size:,} tokens)")
     alone.generate(encode_prompt(pipe.target_tokenizer, "Hello", chat=False), DecodeConfig(max_new_tokens=4))  # warm-up
     identical = True

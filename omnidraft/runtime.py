@@ -9,6 +9,7 @@ trained) into the drafter. It imports nothing from ``omnidraft.train``: decoding
 from __future__ import annotations
 
 import importlib.util
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,7 @@ class Pipeline:
     drafter_model: torch.nn.Module | None
     adapter_slot: AdapterSlot | None = None  # when a drafter is loaded
     engine: str = "torch"
+    drafter_backend: str | None = None  # what runs the drafter: "llamacpp", "onnx-int8", "torch-bfloat16", ...
 
     @property
     def target_tokenizer(self) -> Any:
@@ -151,18 +153,26 @@ def open_lookup_history(target_tok, options: CacheOptions, home=None) -> LookupH
 
 
 def load_pipeline(target_spec: str, drafter_spec: str | None, *, home=None, dtype: str = "float32",
-                  drafter_dtype: str = DEFAULT_DRAFTER_DTYPE, cache: CacheOptions | None = None, quiet: bool = False,
+                  drafter_dtype: str | None = None, cache: CacheOptions | None = None, quiet: bool = False,
                   adapter: str = "auto", engine: str = "auto", remote: RemoteOptions | None = None,
                   drafter_backend: str = "auto") -> Pipeline:
     """Load target (and drafter unless None/'none') and wire bridge, n-gram cache, drafter, decoder.
 
     ``adapter``: "auto" uses the pair's LoRA adapter under ``<home>/adapters/`` if one was
     trained, "none" runs the base drafter, anything else is the path of an adapter folder.
+    ``drafter_backend`` "auto" with no ``drafter_dtype``: the backend measured fastest on this machine
+    (:func:`choose_drafter_backend`); "auto" with a dtype: the ONNX export if there is one, else torch
+    in that dtype; torch without a dtype: bfloat16.
     """
     drafting = drafter_spec not in (None, "none")
     for spec in (target_spec, drafter_spec if drafting else None):
         if spec is not None:
             models.check_spec(spec)  # an unknown builtin or a missing folder fails here, before loading
+    if drafting and drafter_backend == "auto" and drafter_dtype is None:
+        chosen = choose_drafter_backend(drafter_spec, home, quiet).chosen
+        drafter_backend = chosen.backend
+        drafter_dtype = chosen.dtype if chosen.backend == "torch" else None
+    drafter_dtype = drafter_dtype or DEFAULT_DRAFTER_DTYPE
     if drafter_dtype not in DRAFTER_DTYPES:
         raise OmnidraftError(f"unknown drafter dtype {drafter_dtype!r}; choose one of {', '.join(DRAFTER_DTYPES)}")
     if drafting and adapter not in ("auto", "none"):
@@ -206,7 +216,8 @@ def load_pipeline(target_spec: str, drafter_spec: str | None, *, home=None, dtyp
     decoder.observers.append(slot)
     decoder.cost_policy.keep_at(policy_path(drafter_spec, target_spec, engine, backend, home))
     use_adapter(slot, adapter, quiet)
-    return Pipeline(decoder, target_spec, drafter_spec, target_model, drafter_model, slot, engine)
+    label = backend if backend == "llamacpp" or backend.startswith("onnx") else f"torch-{backend}"
+    return Pipeline(decoder, target_spec, drafter_spec, target_model, drafter_model, slot, engine, label)
 
 
 def gguf_drafter(drafter_spec: str, home=None, quiet: bool = False):
@@ -219,6 +230,50 @@ def gguf_drafter(drafter_spec: str, home=None, quiet: bool = False):
                              f"nor a .gguf file")
     tokenizer = models.load_tokenizer(drafter_spec, home, progress=not quiet)
     return LlamaCppDraftLM(gguf, tokenizer), tokenizer
+
+
+def choose_drafter_backend(drafter_spec: str, home=None, quiet: bool = False, remeasure: bool = False):
+    """What ``--drafter-backend auto`` runs the drafter on: the fastest backend this machine has that
+    agrees with the fp32 drafter (omnidraft/drafter/choice.py), measured once per home and CPU."""
+    import copy
+
+    from omnidraft.drafter import choice
+    from omnidraft.identity import spec_slug
+
+    export = onnx_export_for(drafter_spec, "auto", home)
+    gguf = models.gguf_of(drafter_spec, home, progress=not quiet) if llama_cpp_installed() else None
+    kinds: list[tuple[str, str | None]] = [("torch", "bfloat16")]
+    if export is not None:
+        kinds.append(("onnx", export.name.rsplit("-", 1)[-1]))
+    if gguf is not None:
+        kinds.append(("llamacpp", None))
+    key = choice.fingerprint([("torch", "float32"), *kinds])
+    path = choice.record_path(spec_slug(drafter_spec), home)
+    kept = None if remeasure else choice.load_choice(path, key)
+    if kept is not None:
+        return kept
+    model, tokenizer = models.load(drafter_spec, home=home, dtype="float32", progress=not quiet)
+
+    def load(kind: tuple[str, str | None]):
+        backend, dtype = kind
+        if backend == "torch":
+            return TorchDraftLM(convert_drafter(copy.deepcopy(model), dtype), dtype)
+        if backend == "onnx":
+            from omnidraft.drafter.onnx_lm import OnnxDraftLM
+
+            return OnnxDraftLM(export)
+        return gguf_drafter(drafter_spec, home, quiet=True)[0]
+
+    if not quiet:
+        notice(f"measuring the drafter on {', '.join(' '.join(filter(None, k)) for k in kinds)} and torch float32 "
+               f"(once for this home and CPU)")
+    candidates = [choice.Candidate(b, d, lambda k=(b, d): load(k)) for b, d in kinds]
+    measures = choice.measure(TorchDraftLM(model, "float32"), candidates, tokenizer)
+    picked = choice.BackendChoice(choice.pick(measures), measures, choice.cpu_model(), time.time())
+    choice.save_choice(path, picked, key)
+    if not quiet:
+        notice(picked.why())
+    return picked
 
 
 def gguf_architecture(gguf: Path, home=None) -> str:

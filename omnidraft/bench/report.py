@@ -113,7 +113,7 @@ def meta_line(meta: dict) -> str:
     return (f"drafter `{meta['drafter']}` → target `{meta['target']}`, prompts `{meta['prompts']}` × {meta['n']}, "
             f"{meta['max_new_tokens']} new tokens, {draft_policy(meta)}, "
             f"drafter dtype {meta['drafter_dtype']}, sampling modes at T={meta['temperature_sampling_modes']}, "
-            f"{meta['threads']} threads")
+            f"{meta['threads']} threads" + (f", CPU {meta['host']}" if meta.get("host") else ""))
 
 
 def plot(out_dir: Path, summary: dict[str, dict]) -> list[Path]:

