@@ -174,3 +174,18 @@ def test_lookup_drafts_are_explored_where_only_a_good_source_pays_and_counted_pe
     assert plan_lookup(b, 8, "context-2") == 0  # counted apart: the good source does not vouch for it
     restored = CostPolicy()
     assert restored.restore(b.state()) and plan_lookup(restored, 8, "context-4") > 0
+
+
+def test_a_catch_up_read_after_plain_steps_does_not_inflate_the_drafters_cost():
+    b = measured_policy(VerifyCosts.flat(0.150), drafter_s=0.010)
+    b.stop_rule(8, None)
+    caught_up = step(DRAFTER, False, drafted=4, proposed=4, kept=2, draft_s=0.210 + 0.030, verify_s=0.150)
+    caught_up.times.catch_up_s = 0.200 + 0.010  # 30 skipped tokens read, then the first token's logits
+    b.learn(caught_up, reads_prompt=False)
+    assert abs(b.draft_cost.seconds_per_token - 0.010) < 1e-9  # 3 more tokens in 30 ms: d stays 10 ms
+    single = step(DRAFTER, False, drafted=1, proposed=1, kept=1, draft_s=0.200, verify_s=0.150)
+    single.times.catch_up_s = 0.200
+    b.learn(single, reads_prompt=False)  # nothing but the read: nothing learnt about d
+    assert abs(b.draft_cost.seconds_per_token - 0.010) < 1e-9
+    b.learn(step(DRAFTER, False, drafted=2, proposed=2, kept=2, draft_s=0.100, verify_s=0.150), reads_prompt=False)
+    assert b.draft_cost.seconds_per_token > 0.010  # a slow draft while keeping up does count

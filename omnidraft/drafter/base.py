@@ -21,6 +21,7 @@ class Draft:
     q: torch.Tensor | None  # [len(tokens), drafter vocab] when the verification rule needs it, else None
     context: Sequence[int] = ()  # the drafter ids it continues (what a rule that re-queries the drafter needs)
     limit: int = 0  # the most tokens it could have had (the k it was drafted with)
+    read_s: float = 0.0  # seconds spent reading the context before the first token (cache catch-up)
 
 
 class DraftLM(Protocol):

@@ -11,6 +11,7 @@ window, so its KV cache is rebuilt once per quarter window, not at every token).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 import torch
@@ -51,7 +52,9 @@ class Drafter:
         policy.constraint.start()
         policy.stop.start()
         window = self.window(context, k)
+        start = time.perf_counter()
         logits = self.lm.logits_for(window)
+        read_s = time.perf_counter() - start
         for step in range(k):
             masked = logits + policy.constraint.bias()
             token, q = policy.sampler.choose(masked)
@@ -65,4 +68,4 @@ class Drafter:
                 break
             for d in feed:
                 logits = self.lm.step(d)
-        return Draft(tokens, torch.stack(qs) if qs else None, window, k)
+        return Draft(tokens, torch.stack(qs) if qs else None, window, k, read_s)

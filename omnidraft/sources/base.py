@@ -52,6 +52,7 @@ class StepTimes:
     draft_s: float = 0.0  # the source drafting
     translate_s: float = 0.0  # vocabulary bridging: forward translation and the context sync
     verify_s: float = 0.0  # the target's forward and the rule
+    catch_up_s: float = 0.0  # the part of draft_s spent reading text the drafter skipped (other sources' steps)
 
 
 @dataclass

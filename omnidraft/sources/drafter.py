@@ -84,13 +84,16 @@ class ModelDraft:
 
     def draft(self, ids: list[int], offer: Offer, k: int, times: StepTimes) -> Proposal:
         t0 = time.perf_counter()
-        if self._ctx is None:
+        resumed = self._ctx is None  # plain or lookup steps went by: the drafter reads what they emitted
+        if resumed:
             self._ctx = DrafterContext(self.bridge, ids)
         t1 = time.perf_counter()
         draft = self.drafter.draft(self._ctx.ids, k, self._plan.policy)
         t2 = time.perf_counter()
         tr = self._plan.translator.forward(ids, draft)
         times.draft_s += t2 - t1
+        if resumed:
+            times.catch_up_s += draft.read_s
         times.translate_s += (t1 - t0) + (time.perf_counter() - t2)
         return Proposal(tr.target_ids, draft, tr, self._plan.translator)
 

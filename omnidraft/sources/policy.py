@@ -360,7 +360,7 @@ class CostPolicy:
                 self.verify_costs.observe(0, step.verify_s)
             return
         if not step.free:
-            self.draft_cost.observe(step.drafted, step.draft_s)
+            self._observe_draft_cost(step)
         if not reads_prompt:
             self.verify_costs.observe(step.proposed, step.verify_s)
             paid = (step.kept + 1) * self._capped_verify()(0) >= step.draft_s + step.verify_s
@@ -369,6 +369,18 @@ class CostPolicy:
         probs = self._stop.probs if self._stop is not None and not step.free else []
         for i, q in enumerate(probs[: step.kept + 1]):  # conditional on the ones before being kept
             self.calibration.update(q, i < step.kept)
+
+
+    def _observe_draft_cost(self, step: StepResult) -> None:
+        """d is the cost of a drafted token while the drafter keeps up with the text. A draft that
+        first caught up on skipped text (after plain or lookup steps) would inflate it by that read,
+        and an inflated d declines drafts, which makes the next catch-up longer: its tokens after
+        the first count alone (the first came out of the read)."""
+        caught_up = step.times.catch_up_s
+        if caught_up <= 0:
+            self.draft_cost.observe(step.drafted, step.draft_s)
+        elif step.drafted > 1:
+            self.draft_cost.observe(step.drafted - 1, step.draft_s - caught_up)
 
 
 class CostAwareStop:
