@@ -199,6 +199,13 @@ def load_pipeline(target_spec: str, drafter_spec: str | None, *, home=None, dtyp
         lm = OnnxDraftLM(export)
         drafter_model, drafter_tok = None, AutoTokenizer.from_pretrained(export)
         vocab, arch, backend = lm.vocab_size, lm.manifest["architecture"], f"onnx-{lm.manifest['quant']}"
+        if lm.merged_adapter:  # the adapter is in its weights: none goes on top
+            if adapter not in ("auto", "none"):
+                raise OmnidraftError(f"--adapter {adapter}: the export in {export} has {lm.merged_adapter} merged "
+                                     f"into its weights and takes no other")
+            adapter = "none"
+            if not quiet:
+                notice(f"adapter {lm.merged_adapter} (merged into the export)")
     else:
         drafter_model, drafter_tok = models.load(drafter_spec, home=home, dtype="float32", progress=not quiet)
         vocab, arch, backend = output_vocab_size(drafter_model), adapters.architecture_fingerprint(drafter_model), drafter_dtype

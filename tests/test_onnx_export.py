@@ -191,6 +191,52 @@ def test_adapters_export_as_onnx_adapter_files_and_activate_per_run(exports, dra
 
 
 @pytest.mark.real
+def test_an_adapter_merged_at_export_gives_the_adapted_logits_and_takes_no_other(exports, drafter, tmp_path):
+    from omnidraft.adapter import store
+    from omnidraft.drafter.onnx_lm import OnnxDraftLM
+    from omnidraft.train.publish import save
+
+    model, tok = drafter
+    peft, state = _peft(model, 5)
+    save(tmp_path / "pair", peft, {"identity": {"drafter_arch": store.architecture_fingerprint(model)}, "updates": 1})
+    loaded = store.load(tmp_path / "pair", None)
+    merged = export_drafter(model, tok, tmp_path / "merged", quant="fp32", spec=DRAFTER, merged=loaded)
+    manifest = json.loads((merged / "manifest.json").read_text())
+    assert manifest["lora"] == {} and manifest["merged_adapter"]["version"] == loaded.version
+    assert manifest["architecture"] == store.architecture_fingerprint(model)  # adapters' identity unchanged
+    lm = OnnxDraftLM(merged)
+    assert not any(".lora_" in i.name for i in lm.ort.session.get_inputs())  # no LoRA branches left
+    ids = tok.encode(TEXT)[:24]
+    adapted = _torch_logits(peft, ids)
+    assert np.abs(lm.ort.logits_for(ids) - adapted).max() < 1e-3
+    assert np.abs(lm.ort.logits_for(ids) - _torch_logits(model, ids)).max() > 1e-2  # the merge did something
+    with pytest.raises(ValueError, match="merged into its weights"):
+        lm.apply_adapter(state, 1.0)
+    lm.apply_adapter(None)  # nothing to take off: still the merged weights
+    assert np.abs(lm.ort.logits_for(ids) - adapted).max() < 1e-3
+    with pytest.raises(OmnidraftError, match="merged into its weights"):
+        export_adapter(loaded, merged, "pair")
+    other = save(tmp_path / "other", peft, {"identity": {"drafter_arch": "0" * 16}})
+    with pytest.raises(OmnidraftError, match="another drafter"):
+        export_drafter(model, tok, tmp_path / "merged2", quant="fp32", spec=DRAFTER, merged=store.load(other.parent, None))
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--merge-adapter", "a--b", "--adapter", "all"], "give one of the two"),
+    (["--merge-adapter", "no-such--pair"], "no trained adapter there"),
+    (["--merge-adapter", "../escape"], "adapter"),
+])
+def test_export_merge_adapter_refuses_bad_requests_in_one_line(argv, message, tmp_path, monkeypatch, capsys):
+    from omnidraft.cli import main
+
+    monkeypatch.setenv("OMNIDRAFT_HOME", str(tmp_path))
+    assert main(["export", *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1, err
+    assert not (tmp_path / "export").exists()  # nothing written
+
+
+@pytest.mark.real
 def test_the_app_demo_runs_without_torch(exports):
     blocker = ("import sys\nclass Block:\n    def find_spec(self, name, path=None, target=None):\n"
                "        if name.split('.')[0] in ('torch', 'transformers', 'omnidraft'):\n"

@@ -25,6 +25,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "and every target with a trained adapter)")
     p.add_argument("--adapter", type=text, default=None,
                    help="add or refresh adapters without re-exporting the graph: a pair folder name, or 'all'")
+    p.add_argument("--merge-adapter", type=text, default=None, metavar="NAME",
+                   help="merge this pair's trained adapter (a folder name from `omnidraft adapters list`) into the "
+                        "weights: one target's drafter with no LoRA branches, at the base graph's cost per token; "
+                        "it takes no other adapter (default folder <home>/export/<NAME>-<quant>)")
     p.add_argument("--out", type=Path, default=None, help="the export folder (default <home>/export/<drafter>-<quant>)")
     p.set_defaults(func=run)
 
@@ -41,7 +45,14 @@ def run(args: argparse.Namespace) -> int:
     lock, after finishing or cleaning up what an interrupted export left."""
     from omnidraft.export.folder import holding, leftovers, recover
 
-    out = args.out or default_folder(args.drafter, args.quant)
+    if args.merge_adapter is not None and args.adapter is not None:
+        raise OmnidraftError("--merge-adapter exports a graph with one adapter in its weights; --adapter adds "
+                             "adapters to an export that takes them: give one of the two")
+    merged = None
+    if args.merge_adapter is not None:  # a trained pair's adapter, loaded before anything is locked or written
+        merged = _merged_adapter(_adapter_names(args.merge_adapter)[0])
+    out = args.out or (default_folder(args.drafter, args.quant) if args.merge_adapter is None else
+                       default_folder(args.merge_adapter, args.quant))
     if args.adapter is None:
         from omnidraft import models
 
@@ -55,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
         for done in recover(out):
             print(f"omnidraft: {done} (left by an interrupted export)", file=sys.stderr)
         if args.adapter is None:
-            return _export_graph(args, out)
+            return _export_graph(args, out, merged)
         if not out.is_dir():
             raise OmnidraftError(f"no export at {out}: run `omnidraft export` first (adapters go into an export)")
         for name in _adapter_names(args.adapter):
@@ -85,7 +96,7 @@ def _adapter_names(given: str) -> list[str]:
     return [name]
 
 
-def _export_graph(args: argparse.Namespace, out: Path) -> int:
+def _export_graph(args: argparse.Namespace, out: Path, merged=None) -> int:
     from omnidraft import models
     from omnidraft.adapter import store
     from omnidraft.export.folder import check_replaceable
@@ -96,22 +107,41 @@ def _export_graph(args: argparse.Namespace, out: Path) -> int:
 
     check_replaceable(out)  # before a minute of work, not after it
     model, tokenizer = models.load(args.drafter, dtype="float32")
-    targets = args.target or [m.spec for m in models.BUILTINS.values() if m.name != "smollm2-135m"
-                              and models.part_files(m) is not None]
+    targets = args.target or ([merged.meta["target"]] if merged is not None and merged.meta.get("target") else
+                              [m.spec for m in models.BUILTINS.values() if m.name != "smollm2-135m"
+                               and models.part_files(m) is not None])
     bridges = {}
     for spec in targets:
         t_tok = models.load_tokenizer(spec)
         size = max(len(t_tok), max(t_tok.get_vocab().values()) + 1)
         bridges[spec_slug(spec)] = VocabBridge(tokenizer, t_tok, output_vocab_size(model), size)
     builtin = models.builtin(args.drafter)
-    print(f"omnidraft: exporting {args.drafter} ({args.quant}) to {out} …", file=sys.stderr)
+    what = f" with {args.merge_adapter} merged in" if merged is not None else ""
+    print(f"omnidraft: exporting {args.drafter} ({args.quant}){what} to {out} …", file=sys.stderr)
     export_drafter(model, tokenizer, out, quant=args.quant, spec=args.drafter,
-                   model_sha256=builtin.sha256 if builtin else "", bridges=bridges)
+                   model_sha256=builtin.sha256 if builtin else "", bridges=bridges, merged=merged)
+    if merged is not None:
+        print(out)
+        return 0
     for folder in store.list_pairs():
         if folder.name.startswith(f"{spec_slug(args.drafter)}--") and not folder.is_symlink():
             _export_adapter(out, folder.name, quiet_if_empty=True)
     print(out)
     return 0
+
+
+def _merged_adapter(name: str):
+    """The trained adapter ``--merge-adapter`` names, loaded (its fit is checked when merging)."""
+    from omnidraft.adapter import store
+
+    folder = store.adapters_root() / name
+    try:
+        loaded = store.load(folder, None) if folder.is_dir() else None
+    except store.AdapterProblem as exc:
+        raise OmnidraftError(f"--merge-adapter {name}: {exc}") from None
+    if loaded is None:
+        raise OmnidraftError(f"--merge-adapter {name}: no trained adapter there; `omnidraft adapters list` shows them")
+    return loaded
 
 
 def _export_adapter(out: Path, name: str, quiet_if_empty: bool = False) -> None:

@@ -121,6 +121,12 @@ class OnnxDraftLM:
         self.manifest = self.ort.manifest
 
     @property
+    def merged_adapter(self) -> str | None:
+        """The adapter an export has merged into its weights (it then takes no other), or None."""
+        merged = self.manifest.get("merged_adapter")
+        return str(merged.get("path")) if isinstance(merged, dict) else None
+
+    @property
     def cached_ids(self) -> list[int]:
         return self.ort.cached_ids
 
@@ -150,6 +156,11 @@ class OnnxDraftLM:
 
     def apply_adapter(self, state, scaling: float = 1.0) -> None:
         """A trained adapter's peft tensors become the graph's LoRA inputs (α/r folded into B)."""
+        if self.merged_adapter:  # no LoRA inputs: its weights are base + that adapter, and stay so
+            if state is not None:
+                raise ValueError(f"this export has the adapter {self.merged_adapter} merged into its weights; "
+                                 f"it takes no other")
+            return
         if state is None:
             self.ort.set_lora(None)
             return

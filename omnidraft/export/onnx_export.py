@@ -26,6 +26,8 @@ and manifest or the new one), and one permission policy for every file.
 
 from __future__ import annotations
 
+import copy
+
 import hashlib
 import logging
 import os
@@ -69,8 +71,13 @@ def export_dir(home_root: Path, drafter_slug: str, quant: str) -> Path:
 
 
 def export_drafter(model: Any, tokenizer: Any, out: Path, *, quant: str = "fp32", spec: str = "",
-                   model_sha256: str = "", bridges: dict[str, Any] | None = None, progress: bool = True) -> Path:
+                   model_sha256: str = "", bridges: dict[str, Any] | None = None, progress: bool = True,
+                   merged: Any = None) -> Path:
     """Write the export folder ``out``: built in a temporary sibling, then swapped in (:func:`install`).
+
+    ``merged``: a trained adapter (``adapter.store.LoadedAdapter``) merged into the weights, W + (α/r)·B·A,
+    with no LoRA inputs in the graph: one target's drafter at the base graph's cost per token (the
+    LoRA branches are fp32 matmuls beside the quantized ones), taking no other adapter.
 
     The export's lock is held throughout, so a second export of the same folder is refused at once
     instead of after a minute of work, and nothing it leaves is taken for a dead writer's."""
@@ -82,7 +89,8 @@ def export_drafter(model: Any, tokenizer: Any, out: Path, *, quant: str = "fp32"
         check_replaceable(out)  # before the long export, not after it
         tmp = new_temp(out)
         try:
-            _build(model, tokenizer, tmp, quant=quant, spec=spec, model_sha256=model_sha256, bridges=bridges or {})
+            _build(model, tokenizer, tmp, quant=quant, spec=spec, model_sha256=model_sha256, bridges=bridges or {},
+                   merged=merged)
             install(tmp, out)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -103,7 +111,7 @@ def install(tmp: Path, out: Path) -> Path:
 
 
 def _build(model: Any, tokenizer: Any, tmp: Path, *, quant: str, spec: str, model_sha256: str,
-           bridges: dict[str, Any]) -> None:
+           bridges: dict[str, Any], merged: Any = None) -> None:
     """Every file of an export into the empty folder ``tmp``; the manifest last, so a folder with a
     manifest is a complete one."""
     import onnx
@@ -111,7 +119,19 @@ def _build(model: Any, tokenizer: Any, tmp: Path, *, quant: str, spec: str, mode
 
     from omnidraft.export.graph import FlatDrafter
 
-    flat = FlatDrafter(model).eval()
+    arch = _arch_fingerprint(model)  # before a merge changes the weights (names and shapes stay)
+    if merged is not None:
+        from omnidraft.adapter.merge import MergedLora
+
+        trained_for = merged.meta.get("identity", {}).get("drafter_arch")
+        if trained_for and trained_for != arch:
+            raise OmnidraftError(f"adapter {merged.path} was trained for another drafter than {spec or 'this one'}")
+        model = copy.deepcopy(model)
+        try:
+            MergedLora(model).apply(merged.state, merged.scaling)
+        except ValueError as exc:
+            raise OmnidraftError(f"cannot merge {merged.path}: {exc}") from None
+    flat = FlatDrafter(model, lora=merged is None).eval()
     raw = tmp / "raw.onnx"
     names_in, names_out = flat.input_names(), flat.output_names()
     dynamic = {"input_ids": {1: "seq"}}
@@ -137,23 +157,30 @@ def _build(model: Any, tokenizer: Any, tmp: Path, *, quant: str, spec: str, mode
     targets = {name: _write_bridge(tmp / "bridge" / name, bridge) for name, bridge in bridges.items()}
     manifest = {
         "format": FORMAT, "kind": KIND, "drafter": spec, "drafter_sha256": model_sha256,
-        "architecture": _arch_fingerprint(model), "quant": quant, "opset": OPSET,
+        "architecture": arch, "quant": quant, "opset": OPSET,
         "layers": flat.layers, "kv_heads": flat.kv_heads, "head_dim": flat.head_dim,
         "hidden_size": int(model.config.hidden_size), "vocab_size": int(model.get_output_embeddings().weight.shape[0]),
         "max_positions": int(model.config.max_position_embeddings),
         "inputs": names_in, "outputs": names_out,
-        "lora": {m: {"in": i, "out": o} for m, (i, o) in flat.lora_shapes().items()},
+        "lora": {m: {"in": i, "out": o} for m, (i, o) in _lora_shapes(flat).items()},
         "adapters": {}, "targets": targets, "created": time.time(), "versions": _versions(),
     }
+    if merged is not None:  # what an app shows, and what refuses a second adapter
+        manifest["merged_adapter"] = {"path": str(merged.path), "version": int(merged.version),
+                                      "target": merged.meta.get("target")}
     atomic_write_json(tmp / MANIFEST, manifest)
+
+
+def _lora_shapes(flat) -> dict[str, tuple[int, int]]:
+    """The graph's LoRA inputs: none in a graph with an adapter merged in."""
+    return flat.lora_shapes() if flat.with_lora else {}
 
 
 def _empty_lora_defaults(graph, flat) -> None:
     """Rank-0 initializers for every LoRA input: running with no adapter is exactly the base model."""
     from onnx import numpy_helper
 
-    shapes = flat.lora_shapes()
-    for module, (inp, out) in shapes.items():
+    for module, (inp, out) in _lora_shapes(flat).items():
         for name, shape in ((f"{module}.lora_A.weight", (inp, 0)), (f"{module}.lora_B.weight", (0, out))):
             graph.graph.initializer.append(numpy_helper.from_array(np.zeros(shape, dtype=np.float32), name))
 
@@ -239,6 +266,9 @@ def export_adapter(loaded: Any, folder: Path, name: str) -> Path:
     with holding(folder):
         recover(folder)
         manifest = read_manifest(folder)
+        if manifest.get("merged_adapter"):
+            raise OmnidraftError(f"the export in {folder} has an adapter merged into its weights; it takes no "
+                                 f"other (export the drafter again without --merge-adapter)")
         arch = loaded.meta.get("identity", {}).get("drafter_arch")
         if arch and arch != manifest["architecture"]:
             raise OmnidraftError(f"adapter {loaded.path} was trained for another drafter than the export in {folder}")

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from omnidraft.adapter import store
 from omnidraft.observer import DecodeObserver
+from omnidraft.errors import OmnidraftError
 from omnidraft.train.background import BackgroundTrainer, TrainerSetup
 from omnidraft.train.config import TrainConfig
 from omnidraft.train.records import (
@@ -44,6 +45,10 @@ class OnlineLearning:
     def __init__(self, pipe, config: TrainConfig, home: str | None = None, save_to: Path | None = None, nice: int = 19) -> None:
         if pipe.adapter_slot is None:
             raise ValueError("online learning needs a drafter with adapters enabled")
+        merged = getattr(pipe.adapter_slot.drafter.lm, "merged_adapter", None)
+        if merged:
+            raise OmnidraftError(f"cannot train adapters on a drafter export with {merged} merged into its weights "
+                                 f"(use --no-train, or another --drafter-backend)")
         self.pipe = pipe
         bridge = pipe.decoder.bridge
         self.bridge = bridge
