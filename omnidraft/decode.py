@@ -64,6 +64,7 @@ class DecodeStats:
     ngram_cache_entries_at_end: int = 0
     wall_s: float = 0.0
     draft_s: float = 0.0
+    catch_up_s: float = 0.0  # of draft_s: the drafter reading text other steps emitted before drafting again
     bridge_s: float = 0.0
     verify_s: float = 0.0
     measure_s: float = 0.0  # the cost policy's one-time measurement of this machine, not in wall_s
@@ -275,6 +276,7 @@ class SpeculativeDecoder:
         s.target_forwards += 1
         s.new_tokens += len(step.emitted)
         s.draft_s += step.times.draft_s
+        s.catch_up_s += step.times.catch_up_s
         s.verify_s += step.times.verify_s
         s.bridge_s += step.times.translate_s
         if step.source is None:

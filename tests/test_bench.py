@@ -44,6 +44,16 @@ def test_summarize_ratios_and_identity():
     assert "| greedy | 2.00 | 1.50× |" in table and "| NO (1/2) |" in table
 
 
+def test_the_drafters_cost_per_token_leaves_the_catch_up_reads_apart():
+    a, b = run([1, 2, 3, 4], 2.0, 2, 0.5), run([5, 6], 1.0, 1, 1.0)
+    a.steps, a.drafted_tokens, a.split = 2, 4, {"draft": 0.5, "catch_up": 0.3, "verify": 1.0, "bridge": 0, "other": 0}
+    b.steps, b.drafted_tokens, b.split = 1, 6, {"draft": 0.4, "catch_up": 0.0, "verify": 0.5, "bridge": 0, "other": 0}
+    s = summarize({"target": [run([1, 2, 3, 4], 4.0, 4), run([5, 6], 1.0, 2)], "greedy": [a, b]})
+    assert abs(s["greedy"]["drafter_ms_per_token"] - 1000 * 0.6 / 10) < 1e-9 and s["greedy"]["catch_up_s"] == 0.3
+    assert s["target"]["drafter_ms_per_token"] is None
+    assert "| 60.0 (+0.3) |" in markdown_table(s)
+
+
 def test_run_bench_on_a_tiny_model_shares_prompts_and_orders_runs():
     tok = tiny_tokenizer(300)
     target = TorchTarget(tiny_model(len(tok), seed=3), tok)

@@ -14,9 +14,10 @@ def fmt(value, spec: str = ".2f") -> str:
 
 def markdown_table(summary: dict[str, dict]) -> str:
     head = ("| mode | tok/s | speedup vs baseline (median) | mean | acceptance | tokens/target fwd | drafted steps | "
-            "lookup steps (tokens acc/prop) | n-gram hits (acc/prop) | draft/verify/bridge/other s | identical | "
+            "lookup steps (tokens acc/prop) | n-gram hits (acc/prop) | draft/verify/bridge/other s | "
+            "drafter ms/token (+ catch-up s) | identical | "
             "first token ms | inter-token ms (median/p90) |")
-    lines = [head, "|" + "---|" * 13]
+    lines = [head, "|" + "---|" * 14]
     for mode, r in summary.items():
         split = r["time_split_s"]
         lines.append(
@@ -24,7 +25,7 @@ def markdown_table(summary: dict[str, dict]) -> str:
             f"{fmt(r['acceptance_rate'])} | {fmt(r['tokens_per_target_forward'])} | {_drafted(r)} | {_lookup(r)} | "
             f"{r['ngram_hits_accepted']}/{r['ngram_hits_proposed']} | "
             f"{split['draft']:.1f}/{split['verify']:.1f}/{split['bridge']:.1f}/{split['other']:.1f} | "
-            f"{_identical(r)} | {fmt(r.get('ttft_ms'), '.0f')} | "
+            f"{fmt(r.get('drafter_ms_per_token'), '.1f')} (+{r.get('catch_up_s', 0.0):.1f}) | {_identical(r)} | {fmt(r.get('ttft_ms'), '.0f')} | "
             f"{fmt(r.get('itl_ms_median'), '.0f')}/{fmt(r.get('itl_ms_p90'), '.0f')} |")
     return "\n".join(lines) + "\n"
 

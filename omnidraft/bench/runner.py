@@ -105,6 +105,8 @@ def summarize(runs: dict[str, list[PromptRun]], baseline: str | None = "target",
         ratios = [r.tokens_per_s / b.tokens_per_s for r, b in zip(mode_runs, base) if b.tokens_per_s > 0] if base else []
         rates = [r.acceptance_rate for r in mode_runs if r.acceptance_rate is not None]
         split = {k: sum(r.split.get(k, 0.0) for r in mode_runs) for k in ("draft", "verify", "bridge", "other")}
+        catch_up = sum(r.split.get("catch_up", 0.0) for r in mode_runs)
+        drafted = sum(r.drafted_tokens for r in mode_runs if r.steps)  # our modes (lookup proposals are not drafted)
         row = {
             "prompts": len(mode_runs),
             "new_tokens": tokens,
@@ -118,6 +120,9 @@ def summarize(runs: dict[str, list[PromptRun]], baseline: str | None = "target",
             "ngram_hits_proposed": sum(r.ngram_hits_proposed for r in mode_runs),
             "ngram_hits_accepted": sum(r.ngram_hits_accepted for r in mode_runs),
             "time_split_s": split,
+            # a drafted token's cost in the loop, without the catch-up reads after plain steps (reported apart)
+            "drafter_ms_per_token": 1000 * (split["draft"] - catch_up) / drafted if drafted else None,
+            "catch_up_s": catch_up,
             "drafted_steps": sum(r.steps - r.plain_steps - r.lookup_steps for r in mode_runs),  # by the drafter
             "lookup_steps": sum(r.lookup_steps for r in mode_runs),
             "lookup_proposed": sum(r.lookup_proposed for r in mode_runs),
@@ -186,7 +191,8 @@ def our_mode(decoder: SpeculativeDecoder, config: DecodeConfig) -> ModeFn:
         wire = getattr(decoder.target, "bytes_sent", 0) + getattr(decoder.target, "bytes_received", 0) - sent
         return PromptRun(token_ids, s.wall_s, s.target_forwards, s.drafted_tokens, s.proposed_tokens,
                          s.accepted_tokens, s.acceptance_rate if drafting else None, s.ngram_hits_proposed,
-                         s.ngram_hits_accepted, {"draft": s.draft_s, "verify": s.verify_s, "bridge": s.bridge_s, "other": s.other_s},
+                         s.ngram_hits_accepted, {"draft": s.draft_s, "catch_up": s.catch_up_s, "verify": s.verify_s,
+                                                 "bridge": s.bridge_s, "other": s.other_s},
                          s.steps, s.plain_steps, wire, s.lookup_steps, s.lookup_proposed, s.lookup_accepted, times)
 
     run.decoder = decoder  # what the draft policy measured and chose, for the report
