@@ -168,15 +168,15 @@ def load_pipeline(target_spec: str, drafter_spec: str | None, *, home=None, dtyp
     for spec in (target_spec, drafter_spec if drafting else None):
         if spec is not None:
             models.check_spec(spec)  # an unknown builtin or a missing folder fails here, before loading
+    if drafter_dtype is not None and drafter_dtype not in DRAFTER_DTYPES:
+        raise OmnidraftError(f"unknown drafter dtype {drafter_dtype!r}; choose one of {', '.join(DRAFTER_DTYPES)}")
+    if drafting and adapter not in ("auto", "none"):
+        precheck_adapter(adapter, drafter_dtype)  # a bad path fails now, not after a minute of loading
     if drafting and drafter_backend == "auto" and drafter_dtype is None:
         chosen = choose_drafter_backend(drafter_spec, home, quiet).chosen
         drafter_backend = chosen.backend
         drafter_dtype = chosen.dtype if chosen.backend == "torch" else None
     drafter_dtype = drafter_dtype or DEFAULT_DRAFTER_DTYPE
-    if drafter_dtype not in DRAFTER_DTYPES:
-        raise OmnidraftError(f"unknown drafter dtype {drafter_dtype!r}; choose one of {', '.join(DRAFTER_DTYPES)}")
-    if drafting and adapter not in ("auto", "none"):
-        precheck_adapter(adapter, drafter_dtype)  # a bad path fails now, not after a minute of loading
     if not quiet:
         notice(f"loading target {target_spec} ({resolve_engine(target_spec, engine, dtype)})")
     target, target_model, engine = load_target(target_spec, engine, home=home, dtype=dtype, quiet=quiet, remote=remote)
@@ -248,11 +248,11 @@ def choose_drafter_backend(drafter_spec: str, home=None, quiet: bool = False, re
     from omnidraft.identity import spec_slug
 
     export = onnx_export_for(drafter_spec, "auto", home)
-    gguf = models.gguf_of(drafter_spec, home, progress=not quiet) if llama_cpp_installed() else None
+    has_gguf = llama_cpp_installed() and (models.builtin(drafter_spec) is not None or models.is_gguf_file(drafter_spec))
     kinds: list[tuple[str, str | None]] = [("torch", "bfloat16")]
     if export is not None:
         kinds.append(("onnx", export.name.rsplit("-", 1)[-1]))
-    if gguf is not None:
+    if has_gguf:  # (its file is found and checked when it is loaded)
         kinds.append(("llamacpp", None))
     key = choice.fingerprint([("torch", "float32"), *kinds])
     path = choice.record_path(spec_slug(drafter_spec), home)
@@ -344,7 +344,7 @@ def policy_path(drafter_spec: str, target_spec: str, engine: str, drafter_dtype:
     return models.models_dir(home) / "costs" / f"{pair_slug(drafter_spec, target_spec)}@{engine}-{drafter_dtype}.json"
 
 
-def precheck_adapter(adapter: str, drafter_dtype: str) -> None:
+def precheck_adapter(adapter: str, drafter_dtype: str | None) -> None:
     """What can be checked of an explicit adapter folder before any model is loaded."""
     folder = Path(adapter).expanduser()
     try:
