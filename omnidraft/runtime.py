@@ -172,17 +172,17 @@ def load_pipeline(target_spec: str, drafter_spec: str | None, *, home=None, dtyp
         raise OmnidraftError(f"unknown drafter dtype {drafter_dtype!r}; choose one of {', '.join(DRAFTER_DTYPES)}")
     if drafting and adapter not in ("auto", "none"):
         precheck_adapter(adapter, drafter_dtype)  # a bad path fails now, not after a minute of loading
-    if drafting and drafter_backend == "auto" and drafter_dtype is None:
-        chosen = choose_drafter_backend(drafter_spec, home, quiet).chosen
-        drafter_backend = chosen.backend
-        drafter_dtype = chosen.dtype if chosen.backend == "torch" else None
-    drafter_dtype = drafter_dtype or DEFAULT_DRAFTER_DTYPE
     if not quiet:
         notice(f"loading target {target_spec} ({resolve_engine(target_spec, engine, dtype)})")
     target, target_model, engine = load_target(target_spec, engine, home=home, dtype=dtype, quiet=quiet, remote=remote)
     target_tok = target.tokenizer
     if not drafting:
         return Pipeline(SpeculativeDecoder(target), target_spec, None, target_model, None, engine=engine)
+    if drafter_backend == "auto" and drafter_dtype is None:  # after the target: what fails at once does
+        chosen = choose_drafter_backend(drafter_spec, home, quiet).chosen
+        drafter_backend = chosen.backend
+        drafter_dtype = chosen.dtype if chosen.backend == "torch" else None
+    drafter_dtype = drafter_dtype or DEFAULT_DRAFTER_DTYPE
     on_llama = drafter_backend == "llamacpp"
     export = None if on_llama else onnx_export_for(drafter_spec, drafter_backend, home)
     if not quiet:
