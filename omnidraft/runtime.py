@@ -239,6 +239,29 @@ def gguf_drafter(drafter_spec: str, home=None, quiet: bool = False):
     return LlamaCppDraftLM(gguf, tokenizer), tokenizer
 
 
+def drafter_backend_candidates(drafter_spec: str, home=None) -> tuple[list[tuple[str, str | None]], Path | None]:
+    """The backends ``auto`` weighs for this drafter besides torch float32 (the reference), and the
+    export folder when there is one."""
+    export = onnx_export_for(drafter_spec, "auto", home)
+    has_gguf = llama_cpp_installed() and (models.builtin(drafter_spec) is not None or models.is_gguf_file(drafter_spec))
+    kinds: list[tuple[str, str | None]] = [("torch", "bfloat16")]
+    if export is not None:
+        kinds.append(("onnx", export.name.rsplit("-", 1)[-1]))
+    if has_gguf:  # (its file is found and checked when it is loaded)
+        kinds.append(("llamacpp", None))
+    return kinds, export
+
+
+def kept_drafter_choice(drafter_spec: str, home=None):
+    """The choice ``auto`` made on this machine if it still holds (nothing measured), else None."""
+    from omnidraft.drafter import choice
+    from omnidraft.identity import spec_slug
+
+    kinds, _ = drafter_backend_candidates(drafter_spec, home)
+    return choice.load_choice(choice.record_path(spec_slug(drafter_spec), home),
+                              choice.fingerprint([("torch", "float32"), *kinds]))
+
+
 def choose_drafter_backend(drafter_spec: str, home=None, quiet: bool = False, remeasure: bool = False):
     """What ``--drafter-backend auto`` runs the drafter on: the fastest backend this machine has that
     agrees with the fp32 drafter (omnidraft/drafter/choice.py), measured once per home and CPU."""
@@ -247,13 +270,7 @@ def choose_drafter_backend(drafter_spec: str, home=None, quiet: bool = False, re
     from omnidraft.drafter import choice
     from omnidraft.identity import spec_slug
 
-    export = onnx_export_for(drafter_spec, "auto", home)
-    has_gguf = llama_cpp_installed() and (models.builtin(drafter_spec) is not None or models.is_gguf_file(drafter_spec))
-    kinds: list[tuple[str, str | None]] = [("torch", "bfloat16")]
-    if export is not None:
-        kinds.append(("onnx", export.name.rsplit("-", 1)[-1]))
-    if has_gguf:  # (its file is found and checked when it is loaded)
-        kinds.append(("llamacpp", None))
+    kinds, export = drafter_backend_candidates(drafter_spec, home)
     key = choice.fingerprint([("torch", "float32"), *kinds])
     path = choice.record_path(spec_slug(drafter_spec), home)
     kept = None if remeasure else choice.load_choice(path, key)

@@ -97,3 +97,5 @@ def test_models_backends_prints_the_choice(cli):
     doc = json.loads(run.stdout)
     assert doc["chosen"] in {f"{m['backend']}{' ' + m['dtype'] if m['dtype'] else ''}" for m in doc["measures"]}
     assert doc["host"] == choice.cpu_model()
+    listed = cli("models", "list", "--no-check")  # shows the kept choice, measures nothing
+    assert listed.returncode == 0 and f"drafter on {doc['chosen']}:" in listed.stdout, listed.stdout

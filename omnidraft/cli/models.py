@@ -42,6 +42,11 @@ def run_list(args: argparse.Namespace) -> int:
         size = f"{r['size_bytes'] / 1e6:.0f} MB" if r["size_bytes"] else "-"
         sha = {True: "ok", False: "BAD", None: "-"}[r["sha256_ok"]]
         print(f"{r['spec']:32} {'yes' if r['installed'] else 'no':9} {size:>9} {sha:8} {'yes' if r['cached'] else 'no':6}  {r['description']}")
+    from omnidraft.runtime import kept_drafter_choice
+
+    kept = kept_drafter_choice(DEFAULT_DRAFTER)
+    print(kept.why() if kept is not None else "drafter backend: not measured on this machine yet (the first run, or "
+                                               "`omnidraft models backends`, measures it)")
     return 0
 
 
