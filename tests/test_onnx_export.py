@@ -272,11 +272,13 @@ def test_cli_export_then_generate_drafts_through_onnxruntime(tmp_path, cli):
     folder = home / "export" / "smollm2-135m-int8"
     assert (folder / "bridge" / "qwen2.5-coder-0.5b" / "d2t.npy").is_file()
     args = ["generate", "--prompt", "def add(a, b):\n", "--max-new-tokens", "16", "--engine", "torch", "--json",
-            "--draft-stop", "confidence"]
+            "--draft-stop", "confidence", "--drafter-backend", "onnx"]
     onnx, alone = run(*args), run(*args, "--drafter", "none")
     assert onnx.returncode == 0, onnx.stderr
     assert json.loads(onnx.stdout)["token_ids"] == json.loads(alone.stdout)["token_ids"]
     assert json.loads(onnx.stdout)["stats"]["drafted_tokens"] > 0
+    backends = run("models", "backends", "--json")  # auto weighs the export now that there is one
+    assert backends.returncode == 0 and "onnx" in {m["backend"] for m in json.loads(backends.stdout)["measures"]}
     truncated = folder / "model.onnx.data"
     truncated.write_bytes(truncated.read_bytes()[:1000])
     broken = run(*args)
