@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import os
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -60,6 +61,28 @@ def real_pipeline(real_models):
         return cache[target_spec]
 
     return get
+
+
+@contextmanager
+def shared_drafter_choice():
+    """While it lasts, homes without an export of their own reuse the test home's measured drafter
+    backend and its GGUF architecture memo (both pure functions of this machine and the files), as
+    the builtin models themselves are shared: a fresh home would otherwise measure for ~30 s."""
+    from omnidraft import runtime
+    from omnidraft.home import home_dir
+
+    choose, arch = runtime.choose_drafter_backend, runtime.gguf_architecture
+
+    def shared_choose(spec, home=None, quiet=False, remeasure=False):
+        own = (home_dir(home) / "export").is_dir()  # its export is a candidate the test home lacks
+        return choose(spec, home if own else TEST_HOME, quiet, remeasure)
+
+    runtime.choose_drafter_backend = shared_choose
+    runtime.gguf_architecture = lambda gguf, home=None: arch(gguf, TEST_HOME)
+    try:
+        yield
+    finally:
+        runtime.choose_drafter_backend, runtime.gguf_architecture = choose, arch
 
 
 class CliRun:
@@ -123,7 +146,7 @@ def cli(real_models):
         sys.stdin = _NoTTY(stdin)
         models.load, runtime.VocabBridge = load, bridge
         try:
-            with redirect_stdout(out), redirect_stderr(err):
+            with redirect_stdout(out), redirect_stderr(err), shared_drafter_choice():
                 try:
                     code = main(list(argv))
                 except SystemExit as exc:  # argparse's own exit (bad options)

@@ -181,11 +181,29 @@ def test_a_catch_up_read_after_plain_steps_does_not_inflate_the_drafters_cost():
     b.stop_rule(8, None)
     caught_up = step(DRAFTER, False, drafted=4, proposed=4, kept=2, draft_s=0.210 + 0.030, verify_s=0.150)
     caught_up.times.catch_up_s = 0.200 + 0.010  # 30 skipped tokens read, then the first token's logits
+    caught_up.times.catch_up_tokens = 30
     b.learn(caught_up, reads_prompt=False)
     assert abs(b.draft_cost.seconds_per_token - 0.010) < 1e-9  # 3 more tokens in 30 ms: d stays 10 ms
+    assert abs(b.read_cost.seconds_per_token - 0.210 / 30) < 1e-9  # the read's own cost, per token read
     single = step(DRAFTER, False, drafted=1, proposed=1, kept=1, draft_s=0.200, verify_s=0.150)
     single.times.catch_up_s = 0.200
     b.learn(single, reads_prompt=False)  # nothing but the read: nothing learnt about d
     assert abs(b.draft_cost.seconds_per_token - 0.010) < 1e-9
     b.learn(step(DRAFTER, False, drafted=2, proposed=2, kept=2, draft_s=0.100, verify_s=0.150), reads_prompt=False)
     assert b.draft_cost.seconds_per_token > 0.010  # a slow draft while keeping up does count
+
+
+def test_a_drafter_far_behind_the_text_is_not_woken_to_explore_where_a_draft_barely_pays():
+    def due_explorations(unread: int) -> int:
+        b = measured_policy(VerifyCosts({0: 0.030, 1: 0.045, 4: 0.080, 8: 0.140}), drafter_s=0.004)
+        b.read_cost.observe(300, 0.450)  # it read 300 skipped tokens in 0.45 s last time
+        for _ in range(200):
+            b.stats.update(4, 0)  # drafting has not paid: only explorations would draft
+        return sum(plan_unread(b, 8, unread) > 0 for _ in range(4 * EXPLORE_EVERY))
+
+    assert due_explorations(0) > 0  # a drafter that is up to date explores now and then
+    assert due_explorations(300) == 0  # reading 300 tokens first costs more than any draft could win
+
+
+def plan_unread(b: CostPolicy, k_max: int, unread: int) -> int:
+    return b.allow(DRAFTER, False, k_max, unread)

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import DRAFTER, TEST_HOME
+from conftest import DRAFTER, TEST_HOME, shared_drafter_choice
 from tiny_export import TAMPERS
 
 from omnidraft.cli import build_parser, main
@@ -441,7 +441,8 @@ def shared_models(real_models):
         return bridges[key]
 
     models.load, models.gguf_of, runtime.VocabBridge = load, gguf_of, bridge
-    yield
+    with shared_drafter_choice():
+        yield
     models.load, models.gguf_of, runtime.VocabBridge = original, original_gguf, original_bridge
 
 

@@ -22,6 +22,7 @@ class Draft:
     context: Sequence[int] = ()  # the drafter ids it continues (what a rule that re-queries the drafter needs)
     limit: int = 0  # the most tokens it could have had (the k it was drafted with)
     read_s: float = 0.0  # seconds spent reading the context before the first token (cache catch-up)
+    read_tokens: int = 0  # tokens that read fed (the context past the cache's common prefix)
 
 
 class DraftLM(Protocol):

@@ -19,6 +19,7 @@ import torch
 from omnidraft.adapter.head import AcceptHead
 from omnidraft.drafter.base import Draft, DraftLM
 from omnidraft.drafter.policy import DraftPolicy
+from omnidraft.kv import common_prefix_len
 
 WINDOW_MARGIN = 16  # positions kept free for the draft itself
 
@@ -52,6 +53,7 @@ class Drafter:
         policy.constraint.start()
         policy.stop.start()
         window = self.window(context, k)
+        read_tokens = len(window) - common_prefix_len(self.lm.cached_ids, window)
         start = time.perf_counter()
         logits = self.lm.logits_for(window)
         read_s = time.perf_counter() - start
@@ -68,4 +70,4 @@ class Drafter:
                 break
             for d in feed:
                 logits = self.lm.step(d)
-        return Draft(tokens, torch.stack(qs) if qs else None, window, k, read_s)
+        return Draft(tokens, torch.stack(qs) if qs else None, window, k, read_s, read_tokens)

@@ -45,6 +45,7 @@ class Offer:
     key: str  # the policy's acceptance key: "drafter", or a lookup source and its match length
     limit: int  # most tokens it can propose now
     ids: list[int] = field(default_factory=list)  # a lookup's target ids (free to look up)
+    unread: int = 0  # tokens the source must read before its first one (a drafter behind the text)
 
 
 @dataclass
@@ -53,6 +54,7 @@ class StepTimes:
     translate_s: float = 0.0  # vocabulary bridging: forward translation and the context sync
     verify_s: float = 0.0  # the target's forward and the rule
     catch_up_s: float = 0.0  # the part of draft_s spent reading text the drafter skipped (other sources' steps)
+    catch_up_tokens: int = 0  # how many tokens that read was
 
 
 @dataclass

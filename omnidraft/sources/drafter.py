@@ -80,7 +80,9 @@ class ModelDraft:
         return True
 
     def offer(self, ids: list[int], room: int) -> Offer:
-        return Offer(self.name, min(self._k_max, room))
+        # behind the text after plain steps: about as many tokens to read as it has not seen
+        unread = max(len(ids) - len(self.drafter.lm.cached_ids), 0) if self._ctx is None else 0
+        return Offer(self.name, min(self._k_max, room), unread=unread)
 
     def draft(self, ids: list[int], offer: Offer, k: int, times: StepTimes) -> Proposal:
         t0 = time.perf_counter()
@@ -94,6 +96,7 @@ class ModelDraft:
         times.draft_s += t2 - t1
         if resumed:
             times.catch_up_s += draft.read_s
+            times.catch_up_tokens += draft.read_tokens
         times.translate_s += (t1 - t0) + (time.perf_counter() - t2)
         return Proposal(tr.target_ids, draft, tr, self._plan.translator)
 

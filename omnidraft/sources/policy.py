@@ -128,7 +128,7 @@ class SourcePolicy(Protocol):
     needs_measuring: bool
 
     def order(self, sources: Sequence[DraftSource]) -> list[DraftSource]: ...
-    def allow(self, key: str, free: bool, k_max: int) -> int: ...
+    def allow(self, key: str, free: bool, k_max: int, unread: int = 0) -> int: ...
     def stop_rule(self, k_max: int, head: AcceptHead | None) -> StopRule | None: ...
     def learn(self, step: StepResult, reads_prompt: bool) -> None: ...
     def save(self) -> None: ...
@@ -148,7 +148,7 @@ class NoCostPolicy:
     def order(self, sources: Sequence[DraftSource]) -> list[DraftSource]:
         return free_first(sources)
 
-    def allow(self, key: str, free: bool, k_max: int) -> int:
+    def allow(self, key: str, free: bool, k_max: int, unread: int = 0) -> int:
         return k_max
 
     def stop_rule(self, k_max: int, head: AcceptHead | None) -> StopRule | None:
@@ -178,6 +178,7 @@ class CostPolicy:
     def __init__(self, k_max: int = 16, path: Path | None = None) -> None:
         self.verify_costs: VerifyCosts | None = None
         self.draft_cost = DraftCost(alpha=0.1)
+        self.read_cost = DraftCost(alpha=0.1)  # seconds per token the drafter reads to catch up
         self.k_max = k_max
         self.acceptance: dict[str, AcceptanceStats] = {DRAFTER: AcceptanceStats(k_max, prior_mean=0.6, decay=0.995)}
         self.calibration = ConfidenceCalibration()
@@ -257,6 +258,7 @@ class CostPolicy:
         return {"format": STATE_FORMAT,
                 "verify_s": {str(k): v for k, v in (self.verify_costs.table.items() if self.verify_costs else [])},
                 "draft_s": self.draft_cost.seconds_per_token if self.draft_cost.known else None,
+                "read_s": self.read_cost.seconds_per_token if self.read_cost.known else None,
                 "stats": {"tried": self.stats.tried, "accepted": self.stats.accepted},
                 "lookup": {key: {"tried": st.tried, "accepted": st.accepted} for key, st in lookups.items()},
                 "calibration": {"tried": self.calibration.tried, "accepted": self.calibration.accepted}}
@@ -278,6 +280,8 @@ class CostPolicy:
         if ok:
             self.acceptance.update(lookup)
             self.verify_costs, self.draft_cost = verify, DraftCost(draft, alpha=0.1)
+            read = state.get("read_s")
+            self.read_cost = DraftCost(float(read) if isinstance(read, (int, float)) and read > 0 else None, alpha=0.1)
             self.stats.tried, self.stats.accepted = tried, accepted
             self.calibration.tried, self.calibration.accepted = c_tried, c_accepted
         return ok
@@ -324,12 +328,18 @@ class CostPolicy:
     def order(self, sources: Sequence[DraftSource]) -> list[DraftSource]:
         return free_first(sources)
 
-    def allow(self, key: str, free: bool, k_max: int) -> int:
+    def allow(self, key: str, free: bool, k_max: int, unread: int = 0) -> int:
         """How many tokens source ``key`` may draft this step (0: not this source). A source that
         drafts token by token (not ``free``) gets all of ``k_max`` once drafting pays at all: its
-        stop rule, :meth:`stop_rule`, ends the draft where one more token stops paying."""
+        stop rule, :meth:`stop_rule`, ends the draft where one more token stops paying. ``unread``:
+        tokens it must read first (a drafter that sat out plain steps); that read is charged to
+        this draft, so a long-idle drafter is not woken to explore where a draft barely pays."""
         d = 0.0 if free else self.draft_cost.seconds_per_token
         costs = self._capped_verify()
+        setup = unread * self.read_cost.seconds_per_token if not free else 0.0
+        if setup > 0:
+            verify = costs
+            costs = lambda k: verify(k) + (setup if k else 0.0)  # noqa: E731
         k = best_draft_length(self.acceptance_for(key).rates(k_max), d, costs, k_max)
         k = self.explorations[free].choose(k, k_max, lambda: best_draft_length(OPTIMISTIC_ACCEPTANCE, d, costs, k_max) > 0)
         if free:
@@ -361,6 +371,7 @@ class CostPolicy:
             return
         if not step.free:
             self._observe_draft_cost(step)
+            self.read_cost.observe(step.times.catch_up_tokens, step.times.catch_up_s)
         if not reads_prompt:
             self.verify_costs.observe(step.proposed, step.verify_s)
             paid = (step.kept + 1) * self._capped_verify()(0) >= step.draft_s + step.verify_s
