@@ -196,7 +196,7 @@ def test_a_catch_up_read_after_plain_steps_does_not_inflate_the_drafters_cost():
 def test_a_drafter_far_behind_the_text_is_not_woken_to_explore_where_a_draft_barely_pays():
     def due_explorations(unread: int) -> int:
         b = measured_policy(VerifyCosts({0: 0.030, 1: 0.045, 4: 0.080, 8: 0.140}), drafter_s=0.004)
-        b.read_cost.observe(300, 0.450)  # it read 300 skipped tokens in 0.45 s last time
+        b.read_cost.observe(300, 0.450 * 8)  # 300 skipped tokens took 3.6 s to read last time (a slow drafter)
         for _ in range(200):
             b.stats.update(4, 0)  # drafting has not paid: only explorations would draft
         return sum(plan_unread(b, 8, unread) > 0 for _ in range(4 * EXPLORE_EVERY))

@@ -76,7 +76,7 @@ class ModelDraft:
         generator = torch.Generator().manual_seed(config.seed)  # the drafter's sampling (verification: step_generator)
         self._plan = self.plan(config, generator, policy)
         self._k_max = config.draft_len
-        self._ctx = DrafterContext(self.bridge, ids)
+        self._ctx = None  # built at the first draft, whose read of the prompt counts as a catch-up
         return True
 
     def offer(self, ids: list[int], room: int) -> Offer:

@@ -122,6 +122,9 @@ class Exploration:
             self.active = False
 
 
+CATCH_UP_STEPS = 8  # drafting steps a catch-up read is spread over in the decision to draft
+
+
 class SourcePolicy(Protocol):
     """What the decoder asks of a policy (``CostPolicy`` or ``NoCostPolicy``)."""
 
@@ -336,7 +339,9 @@ class CostPolicy:
         this draft, so a long-idle drafter is not woken to explore where a draft barely pays."""
         d = 0.0 if free else self.draft_cost.seconds_per_token
         costs = self._capped_verify()
-        setup = unread * self.read_cost.seconds_per_token if not free else 0.0
+        # amortised over the steps a caught-up drafter then drafts in: charging all of it to one draft
+        # would keep a drafter that pays from ever catching up on a long prompt
+        setup = unread * self.read_cost.seconds_per_token / CATCH_UP_STEPS if not free else 0.0
         if setup > 0:
             verify = costs
             costs = lambda k: verify(k) + (setup if k else 0.0)  # noqa: E731
