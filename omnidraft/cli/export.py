@@ -130,29 +130,30 @@ def _export_graph(args: argparse.Namespace, out: Path, merged=None) -> int:
     return 0
 
 
-def _merged_adapter(name: str):
-    """The trained adapter ``--merge-adapter`` names, loaded (its fit is checked when merging)."""
+def _trained_adapter(name: str, what: str):
+    """The published adapter of the pair folder ``name`` under the home, or None when it has none;
+    a damaged one is an error that starts with ``what``."""
     from omnidraft.adapter import store
 
     folder = store.adapters_root() / name
     try:
-        loaded = store.load(folder, None) if folder.is_dir() else None
+        return store.load(folder, None) if folder.is_dir() else None
     except store.AdapterProblem as exc:
-        raise OmnidraftError(f"--merge-adapter {name}: {exc}") from None
+        raise OmnidraftError(f"{what}: {exc}") from None
+
+
+def _merged_adapter(name: str):
+    """The trained adapter ``--merge-adapter`` names, loaded (its fit is checked when merging)."""
+    loaded = _trained_adapter(name, f"--merge-adapter {name}")
     if loaded is None:
         raise OmnidraftError(f"--merge-adapter {name}: no trained adapter there; `omnidraft adapters list` shows them")
     return loaded
 
 
 def _export_adapter(out: Path, name: str, quiet_if_empty: bool = False) -> None:
-    from omnidraft.adapter import store
     from omnidraft.export.onnx_export import export_adapter
 
-    folder = store.adapters_root() / name
-    try:
-        loaded = store.load(folder, None) if folder.is_dir() else None
-    except store.AdapterProblem as exc:
-        raise OmnidraftError(f"adapter {name}: {exc}") from None
+    loaded = _trained_adapter(name, f"adapter {name}")
     if loaded is None:
         if quiet_if_empty:
             return
