@@ -231,7 +231,7 @@ def gguf_drafter(drafter_spec: str, home=None, quiet: bool = False):
     """(LlamaCppDraftLM, tokenizer) for ``--drafter-backend llamacpp``: a builtin's GGUF or a .gguf file."""
     from omnidraft.drafter.llamacpp_lm import LlamaCppDraftLM
 
-    gguf = models.gguf_of(drafter_spec, home, progress=not quiet)
+    gguf = models.gguf_of(drafter_spec, home, progress=False)  # ~100 MB: a bar would only flash
     if gguf is None:
         raise OmnidraftError(f"--drafter-backend llamacpp runs a GGUF file; {drafter_spec} is neither a builtin "
                              f"nor a .gguf file")
