@@ -53,7 +53,7 @@ def main() -> int:
     for _ in range(args.k):
         logits, hidden, *presents = session.run(None, {"input_ids": feed, **past}, run_options)
         past = dict(zip(kv_names, presents))  # a rewind is only a shorter past: present[:, :, :n]
-        token = int(logits[0].argmax())
+        token = int(logits[0, -1].argmax())  # logits: [1, 1, vocab], the last position
         drafted.append(token)
         feed = np.asarray([[token]], dtype=np.int64)
 

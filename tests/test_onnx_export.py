@@ -237,6 +237,56 @@ def test_export_merge_adapter_refuses_bad_requests_in_one_line(argv, message, tm
 
 
 @pytest.mark.real
+def test_onnxruntime_genai_loads_the_export_and_its_adapters(exports, drafter, tmp_path):
+    """An app on onnxruntime-genai (its Generator, its Adapters API) gets the drafter's logits, greedy
+    tokens and rewinds from the folder as written, and the trained adapter's logits."""
+    import onnxruntime_genai as og
+
+    from omnidraft.adapter import store
+    from omnidraft.train.publish import save
+
+    model, tok = drafter
+    ids = tok.encode(TEXT)[:24]
+    og_model = og.Model(og.Config(str(exports["fp32"])))
+
+    def generator(adapters=None, name=None):
+        params = og.GeneratorParams(og_model)
+        params.set_search_options(max_length=256)
+        gen = og.Generator(og_model, params)
+        if adapters is not None:
+            gen.set_active_adapter(adapters, name)
+        return gen
+
+    def logits(gen) -> np.ndarray:
+        return np.asarray(gen.get_logits())[0, -1]
+
+    gen = generator()
+    gen.append_tokens(np.asarray(ids, dtype=np.int32))
+    assert np.abs(logits(gen) - _torch_logits(model, ids)).max() < 1e-3
+    greedy = []
+    for _ in range(6):
+        greedy.append(int(logits(gen).argmax()))
+        gen.append_tokens(np.asarray([greedy[-1]], dtype=np.int32))
+    with torch.no_grad():
+        expected = model.generate(torch.tensor([ids]), max_new_tokens=6, do_sample=False)[0, len(ids):].tolist()
+    assert greedy == expected
+    gen.rewind_to(len(ids) + 2)  # a rejected draft: the cache drops its tail
+    gen.append_tokens(np.asarray([greedy[2]], dtype=np.int32))
+    assert np.abs(logits(gen) - _torch_logits(model, ids + greedy[:3])).max() < 1e-3
+
+    peft, _ = _peft(model, 5)
+    save(tmp_path / "pair", peft, {"identity": {"drafter_arch": store.architecture_fingerprint(model)}, "updates": 1})
+    path = export_adapter(store.load(tmp_path / "pair", None), exports["fp32"], "genai-pair")
+    adapters = og.Adapters(og_model)
+    adapters.load(str(path), "genai-pair")
+    gen = generator(adapters, "genai-pair")
+    gen.append_tokens(np.asarray(ids, dtype=np.int32))
+    adapted = _torch_logits(peft, ids)
+    assert np.abs(logits(gen) - adapted).max() < 1e-3
+    assert np.abs(adapted - _torch_logits(model, ids)).max() > 1e-2  # the adapter moved the logits
+
+
+@pytest.mark.real
 def test_the_app_demo_runs_without_torch(exports):
     blocker = ("import sys\nclass Block:\n    def find_spec(self, name, path=None, target=None):\n"
                "        if name.split('.')[0] in ('torch', 'transformers', 'omnidraft'):\n"

@@ -16,7 +16,7 @@ import numpy as np
 
 from omnidraft.errors import OmnidraftError
 from omnidraft.export.folder import settle
-from omnidraft.export.manifest import MODEL, check_graph, read_manifest, session_signature
+from omnidraft.export.manifest import MODEL, check_graph, last_row, read_manifest, session_signature
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -107,7 +107,7 @@ class OrtCausalLM:
         self.past = outputs[2:]
         self.cached_ids.extend(new)
         self.last_hidden = outputs[1][0]
-        return outputs[0][0]
+        return last_row(outputs[0])
 
 
 class OnnxDraftLM:

@@ -7,8 +7,10 @@ module computes the same thing from plain tensors in, plain tensors out (gpt-fas
              every layer i; for every adapted Linear, ``<module>.lora_A.weight`` [in, r] and
              ``<module>.lora_B.weight`` [r, out]: peft's A and B *transposed*, ready for MatMul (no
              transpose per step); r may be 0: no adapter, the base model
-    outputs: logits [1, vocab] and hidden [1, hidden] at the last position (the LM head's input: an
-             acceptance head runs on it); present.{i}.key / .value = past + the s new positions
+    outputs: logits [1, 1, vocab] (batch, position, vocab: the rank onnxruntime-genai reads; only
+             the last position is computed) and hidden [1, hidden] at the last position (the LM
+             head's input: an acceptance head runs on it); present.{i}.key / .value = past + the s
+             new positions
 
 Positions continue the past (a rewind is only a shorter past). The LoRA delta is x·Aᵀ·Bᵀ (fed as Aᵀ
 and Bᵀ) with α/r folded into B by whoever supplies the tensors, the onnxruntime / Olive convention.
@@ -108,7 +110,7 @@ class FlatDrafter(nn.Module):
             x = x + self._linear(nn.functional.silu(gate) * up, mlp.down_proj.weight, *lora[f"{name}.mlp.down_proj"])
         hidden = self._rms(x[:, -1], inner.norm.weight)
         logits = hidden @ self.model.get_output_embeddings().weight.t()
-        return (logits, hidden, *presents)
+        return (logits[:, None], hidden, *presents)
 
     # ---- names and example tensors for the exporter
 

@@ -20,10 +20,12 @@ from typing import Any
 
 from omnidraft.errors import OmnidraftError
 
-FORMAT = 1
+FORMAT = 2  # 2: logits [1, 1, vocab], the rank onnxruntime-genai reads, and a genai_config.json
+READABLE_FORMATS = (1, 2)  # 1: logits [1, vocab]; such folders still run here (not on onnxruntime-genai)
 KIND = "omnidraft-onnx-drafter"
 MANIFEST = "manifest.json"
 MODEL = "model.onnx"
+GENAI_CONFIG = "genai_config.json"  # the folder as onnxruntime-genai loads it (format 2 on)
 QUANTS = ("fp32", "int8")
 ADAPTERS_DIR = "adapters"
 ADAPTER_SUFFIX = ".onnx_adapter"
@@ -78,7 +80,7 @@ def read_manifest(folder: Path) -> dict:
         raise OmnidraftError(f"{folder} is not an omnidraft export (no {MANIFEST}); run `omnidraft export`") from None
     except (OSError, ValueError, UnicodeDecodeError) as exc:
         raise OmnidraftError(f"the export manifest {path} is unreadable ({exc.__class__.__name__}); export again") from None
-    if not isinstance(manifest, dict) or manifest.get("kind") != KIND or manifest.get("format") != FORMAT:
+    if not isinstance(manifest, dict) or manifest.get("kind") != KIND or manifest.get("format") not in READABLE_FORMATS:
         raise OmnidraftError(f"{folder} is not an omnidraft export of format {FORMAT}; export again")
     model = folder / MODEL
     if not model.is_file() or not Path(f"{model}.data").is_file():
@@ -191,9 +193,16 @@ def expected_shapes(m: Mapping[str, Any]) -> tuple[dict[str, tuple], dict[str, t
     for module, shape in m["lora"].items():
         inputs[f"{module}.lora_A.weight"] = (shape["in"], None)
         inputs[f"{module}.lora_B.weight"] = (None, shape["out"])
-    outputs: dict[str, tuple] = {"logits": (1, m["vocab_size"]), "hidden": (1, m["hidden_size"])}
+    logits = (1, m["vocab_size"]) if m.get("format") == 1 else (1, 1, m["vocab_size"])
+    outputs: dict[str, tuple] = {"logits": logits, "hidden": (1, m["hidden_size"])}
     outputs.update({name: kv for name in expected_outputs(m)[2:]})
     return inputs, outputs
+
+
+def last_row(logits):
+    """The last position's [vocab] logits from a graph's ``logits`` output ([1, 1, vocab]; [1, vocab]
+    in format 1 folders)."""
+    return logits.reshape(-1, logits.shape[-1])[-1]
 
 
 def check_graph(m: Mapping[str, Any], folder: Path, inputs: Mapping[str, Shape], outputs: Mapping[str, Shape]) -> None:

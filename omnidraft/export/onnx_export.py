@@ -11,6 +11,8 @@ One folder per (drafter, quant) under ``<home>/export/``:
     adapters/<pair>.<sha>.onnx_adapter   trained adapters (onnxruntime.AdapterFormat, α/r folded into B)
     adapters/<pair>.<sha>.head.npz       their acceptance heads
     manifest.json           drafter identity and sha256, opset, quant, inputs/outputs, adapters, targets, versions
+    genai_config.json       the same graph described for onnxruntime-genai (its Generator, its Adapters
+                            API for the .onnx_adapter files), what its Android and iOS packages load
 
 The exporter is the TorchScript-based ``torch.onnx.export`` around the flat module: it gives full
 control over names and dynamic axes (prefill and one-token steps share one graph; the LoRA rank is
@@ -48,6 +50,7 @@ from omnidraft.export.manifest import (
     ADAPTER_SUFFIX,
     ADAPTERS_DIR,
     FORMAT,
+    GENAI_CONFIG,
     HEAD_SUFFIX,
     KIND,
     MANIFEST,
@@ -168,7 +171,44 @@ def _build(model: Any, tokenizer: Any, tmp: Path, *, quant: str, spec: str, mode
     if merged is not None:  # what an app shows, and what refuses a second adapter
         manifest["merged_adapter"] = {"path": str(merged.path), "version": int(merged.version),
                                       "target": merged.meta.get("target")}
+    atomic_write_json(tmp / GENAI_CONFIG, genai_config(manifest, model.config))
     atomic_write_json(tmp / MANIFEST, manifest)
+
+
+def genai_config(manifest: dict, config: Any) -> dict:
+    """The export described for onnxruntime-genai's ``og.Config``: a llama-type decoder with this
+    graph's input and output names. The graph concatenates its past and the new keys (it takes no
+    shared buffer) and has no attention mask input (one sequence, no padding), which genai allows."""
+    def token_id(name: str) -> int | list[int] | None:
+        value = getattr(config, name, None)
+        return list(value) if isinstance(value, (list, tuple)) else value
+
+    eos = token_id("eos_token_id")
+    return {
+        "model": {
+            "type": "llama",
+            "bos_token_id": token_id("bos_token_id"),
+            "eos_token_id": eos,
+            "pad_token_id": token_id("pad_token_id") if token_id("pad_token_id") is not None else eos,
+            "context_length": manifest["max_positions"],
+            "vocab_size": manifest["vocab_size"],
+            "decoder": {
+                "filename": MODEL,
+                "session_options": {"log_id": "onnxruntime-genai", "provider_options": []},
+                "head_size": manifest["head_dim"],
+                "hidden_size": manifest["hidden_size"],
+                "num_attention_heads": int(config.num_attention_heads),
+                "num_key_value_heads": manifest["kv_heads"],
+                "num_hidden_layers": manifest["layers"],
+                "inputs": {"input_ids": "input_ids", "past_key_names": "past_key_values.%d.key",
+                           "past_value_names": "past_key_values.%d.value"},
+                "outputs": {"logits": "logits", "present_key_names": "present.%d.key",
+                            "present_value_names": "present.%d.value"},
+            },
+        },
+        "search": {"do_sample": False, "num_beams": 1, "max_length": manifest["max_positions"],
+                   "past_present_share_buffer": False},
+    }
 
 
 def _lora_shapes(flat) -> dict[str, tuple[int, int]]:
