@@ -113,7 +113,8 @@ def draft_policy(meta: dict) -> str:
 def meta_line(meta: dict) -> str:
     return (f"drafter `{meta['drafter']}` → target `{meta['target']}`, prompts `{meta['prompts']}` × {meta['n']}, "
             f"{meta['max_new_tokens']} new tokens, {draft_policy(meta)}, "
-            f"drafter dtype {meta['drafter_dtype']}, sampling modes at T={meta['temperature_sampling_modes']}, "
+            f"torch drafter in {meta['drafter_dtype']} (the -onnx and -gguf modes: the export, the GGUF), "
+            f"sampling modes at T={meta['temperature_sampling_modes']}, "
             f"{meta['threads']} threads" + (f", CPU {meta['host']}" if meta.get("host") else ""))
 
 
