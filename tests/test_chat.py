@@ -28,6 +28,7 @@ from omnidraft.chat import (
     StopScanner,
     fit_messages,
     format_status,
+    gain_line,
     parse_input,
     render_conversation,
     stop_strings,
@@ -152,6 +153,18 @@ def test_sigint_flag_first_ctrl_c_only_flags_second_one_interrupts():
             os.kill(os.getpid(), signal.SIGINT)
             time.sleep(0.05)
     assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_the_gain_line_compares_the_first_turns_with_the_last():
+    slow = DecodeStats(target_forwards=10, new_tokens=10, wall_s=5.0, step_rates=[0.2])
+    fast = DecodeStats(target_forwards=5, new_tokens=10, wall_s=2.0, step_rates=[0.6])
+    assert gain_line([(None, slow)]) is None  # nothing to compare yet
+    line = gain_line([(None, slow), (None, slow), (1, fast), (2, fast)])
+    assert line == ("since the session began: adapter v0 → v2 · first 2 turns 2.0 tok/s, accept 0.20 → "
+                    "last 2 turns 5.0 tok/s, accept 0.60 (2.50×)")
+    window = gain_line([(3, slow)] * 4 + [(3, fast)] * 6)  # three turns at each end, at most
+    assert "adapter v3 → v3 · first 3 turns 2.0 tok/s" in window and "last 3 turns 5.0 tok/s" in window
+    assert gain_line([(None, slow), (None, fast)]).startswith("since the session began: no adapter")
 
 
 def test_chat_rejects_a_window_without_room_before_loading():
@@ -283,6 +296,8 @@ def test_slash_commands_and_bad_input_get_one_line_and_the_session_goes_on(first
     assert "adapter: " in before and "target: builtin:qwen2.5-coder-0.5b" in before
     after = "\n".join(first_session["stats_after"])
     assert "session: 2 turns" in after and int(ENTRIES.search(after).group(2)) > 0
+    assert re.search(r"since the session began: (no adapter|adapter v\d+ → v\d+) · first 1 turn [\d.]+ tok/s, "
+                     r"accept \S+ → last 1 turn [\d.]+ tok/s, accept \S+ \([\d.]+×\)", after), after
 
 
 @pytest.mark.real
@@ -292,6 +307,7 @@ def test_ctrl_c_mid_reply_returns_to_the_prompt_and_keeps_the_partial_reply(firs
     assert int(STATUS.search(status).group(1)) < 48, "the reply ran to its token budget: Ctrl-C did not stop it"
     saved = json.loads(first_session["save"].read_text(encoding="utf-8"))
     assert saved["turns"][1]["interrupted"] is True
+    assert all("adapter_version" in t for t in saved["turns"])
     assert saved["messages"][3]["role"] == "assistant" and saved["messages"][3]["content"]
 
 

@@ -7,6 +7,7 @@ from omnidraft.chat.display import (
     ReplyAssembler,
     StopScanner,
     format_status,
+    gain_line,
     plural,
 )
 from omnidraft.chat.session import (
@@ -20,5 +21,5 @@ from omnidraft.chat.session import (
 )
 
 __all__ = ["DIM", "HELP", "PLAIN_TRANSCRIPT_STOPS", "ChatSession", "Command", "ReplyAssembler", "SigintFlag",
-           "StopScanner", "TurnRecord", "fit_messages", "format_status", "parse_input", "plural",
+           "StopScanner", "TurnRecord", "fit_messages", "format_status", "gain_line", "parse_input", "plural",
            "render_conversation", "stop_strings"]

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 HELP = """\
 Type a message and press Enter; the reply streams as the target accepts it.
   /help             this list
-  /stats            session totals, models, n-gram cache and adapter in use
+  /stats            session totals, models, n-gram cache, adapter, and the gain since the session began
   /target SPEC      switch the target (builtin:NAME, a folder or a hub id); the conversation carries over
   /reset            start a new conversation (the learned state stays)
   /save FILE        write the conversation and per-turn stats as JSON

@@ -126,6 +126,38 @@ def session_line(turns: int, totals: Any) -> str:
             f"n-gram hits {totals.ngram_hits_accepted}/{totals.ngram_hits_proposed}{_lookup(totals)}")
 
 
+GAIN_WINDOW = 3  # turns averaged at each end of the session for the /stats gain line
+
+
+def gain_line(turns: Sequence[tuple[int | None, Any]]) -> str | None:
+    """The /stats line that shows whether the session got faster: the adapter version and speed of
+    its first turns against its last (``turns``: (adapter version or None, DecodeStats) per turn,
+    oldest first). None before there are two turns to compare."""
+    if len(turns) < 2:
+        return None
+    n = min(GAIN_WINDOW, len(turns) // 2)
+    first, last = _sum(s for _, s in turns[:n]), _sum(s for _, s in turns[-n:])
+    gain = last.tokens_per_s / first.tokens_per_s if first.tokens_per_s > 0 else float("nan")
+    versions = [v for v, _ in turns]
+    adapter = ("no adapter" if versions[0] is None and versions[-1] is None
+               else f"adapter v{versions[0] or 0} → v{versions[-1] or 0}")
+    return (f"since the session began: {adapter} · first {plural(n, 'turn')} {first.tokens_per_s:.1f} tok/s, "
+            f"accept {_acceptance(first)} → last {plural(n, 'turn')} {last.tokens_per_s:.1f} tok/s, "
+            f"accept {_acceptance(last)} ({gain:.2f}×)")
+
+
+def _sum(stats: Any) -> Any:
+    it = iter(stats)
+    total = next(it)
+    for s in it:
+        total = total + s
+    return total
+
+
+def _acceptance(stats: Any) -> str:
+    return f"{stats.acceptance_rate:.2f}" if stats.step_rates else "–"
+
+
 def _lookup(stats: Any) -> str:
     """Prompt-lookup tokens accepted/proposed, only when lookup drafted at all (most replies: never)."""
     steps = getattr(stats, "lookup_steps", 0)

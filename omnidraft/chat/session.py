@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from omnidraft.chat.commands import Command, SlashCommands, parse_input
-from omnidraft.chat.display import ReplyAssembler, format_status, plural, session_line
+from omnidraft.chat.display import ReplyAssembler, format_status, gain_line, plural, session_line
 from omnidraft.config import DecodeConfig
 from omnidraft.decode import DecodeStats
 from omnidraft.errors import OmnidraftError
@@ -92,10 +92,12 @@ class TurnRecord:
     stats: Any  # omnidraft.decode.DecodeStats of this reply
     target_spec: str
     interrupted: bool = False
+    adapter_version: int | None = None  # the drafter's adapter when the reply began (None: none)
 
     def as_json(self) -> dict:
         return {"target": self.target_spec, "user": self.user, "reply": self.reply,
-                "interrupted": self.interrupted, "prompt_tokens": len(self.prompt_ids),
+                "interrupted": self.interrupted, "adapter_version": self.adapter_version,
+                "prompt_tokens": len(self.prompt_ids),
                 "reply_tokens": len(self.reply_ids), "stats": self.stats.as_dict()}
 
 
@@ -163,6 +165,7 @@ class ChatSession:
         self.messages: list[dict] = []  # the whole conversation, as the user saw it
         self.context_start = 0  # messages before this index were dropped from the model's context
         self.turns: list[TurnRecord] = []  # turns of the current conversation
+        self.session_turns: list[tuple[int | None, Any]] = []  # (adapter version, stats) of every turn, /reset too
         self.totals = DecodeStats()  # every turn's stats added up
         self.turn_count = 0
         self.commands = SlashCommands(self)
@@ -304,14 +307,16 @@ class ChatSession:
         if fitted is None:
             return None
         dropped, prompt_ids = fitted
+        version = self.adapter_version()
         reply, reply_ids, stats, interrupted = self._stream_reply(prompt_ids)
         if interrupted and not reply:
             self.notice("interrupted before the reply began; the message was not kept")
             return None
         self.context_start += dropped
         self.messages += [user, {"role": "assistant", "content": reply}]
-        record = TurnRecord(text, reply, prompt_ids, reply_ids, stats, self.pipe.target_spec, interrupted)
+        record = TurnRecord(text, reply, prompt_ids, reply_ids, stats, self.pipe.target_spec, interrupted, version)
         self.turns.append(record)
+        self.session_turns.append((version, stats))
         self.totals = self.totals + stats
         self.turn_count += 1
         self.learn_from_turn(record)
@@ -427,7 +432,14 @@ class ChatSession:
             f"drafter: {drafter} · verify {self.config.verify} · temperature {self.config.temperature:g}",
             self.cache_description(),
             f"adapter: {self.adapter_description()}",
+            *filter(None, [gain_line(self.session_turns)]),
         ])
+
+    def adapter_version(self) -> int | None:
+        """The version of the adapter the drafter runs with now (None: no drafter or no adapter)."""
+        slot = getattr(self.pipe, "adapter_slot", None)
+        current = getattr(slot, "current", None)
+        return None if current is None else current.version
 
     def cache_description(self, brief: bool = False) -> str:
         """The n-gram cache line: pair, entries (and what this session added), file."""
