@@ -342,12 +342,9 @@ def _parse_member(spec: PromptSet, data: bytes) -> list[dict]:
     if spec.member.endswith(".gz"):
         data = gzip.decompress(data)
     text = data.decode("utf-8")
-    if spec.member.endswith(".json") or spec.member.endswith(".json.gz"):
-        try:
-            return list(json.loads(text))
-        except json.JSONDecodeError:
-            pass  # a .json file of JSON lines (BFCL's)
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
+    if spec.member.endswith((".json", ".json.gz")) and text.lstrip().startswith("["):
+        return list(json.loads(text))
+    return [json.loads(line) for line in text.splitlines() if line.strip()]  # JSON lines (BFCL's .json files too)
 
 
 def _write_atomic(path: Path, records: list[PromptRecord]) -> None:
