@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import reduce
+from operator import add
 from typing import Any
 
 from omnidraft.console import Utf8Stream
@@ -136,7 +138,7 @@ def gain_line(turns: Sequence[tuple[int | None, Any]]) -> str | None:
     if len(turns) < 2:
         return None
     n = min(GAIN_WINDOW, len(turns) // 2)
-    first, last = _sum(s for _, s in turns[:n]), _sum(s for _, s in turns[-n:])
+    first, last = reduce(add, (s for _, s in turns[:n])), reduce(add, (s for _, s in turns[-n:]))
     gain = last.tokens_per_s / first.tokens_per_s if first.tokens_per_s > 0 else float("nan")
     versions = [v for v, _ in turns]
     adapter = ("no adapter" if versions[0] is None and versions[-1] is None
@@ -144,14 +146,6 @@ def gain_line(turns: Sequence[tuple[int | None, Any]]) -> str | None:
     return (f"since the session began: {adapter} · first {plural(n, 'turn')} {first.tokens_per_s:.1f} tok/s, "
             f"accept {_acceptance(first)} → last {plural(n, 'turn')} {last.tokens_per_s:.1f} tok/s, "
             f"accept {_acceptance(last)} ({gain:.2f}×)")
-
-
-def _sum(stats: Any) -> Any:
-    it = iter(stats)
-    total = next(it)
-    for s in it:
-        total = total + s
-    return total
 
 
 def _acceptance(stats: Any) -> str:
