@@ -39,6 +39,7 @@ from grpc_reflection.v1alpha import reflection
 from omnidraft.console import notice
 from omnidraft.costs import AcceptanceStats, VerifyCosts, best_draft_length
 from omnidraft.errors import OmnidraftError
+from omnidraft.sources.policy import OPTIMISTIC_ACCEPTANCE, Exploration
 from omnidraft.rpc.proto import SERVICE_NAME, pb, services
 from omnidraft.target.base import cut, decide, settle_cache, step_generator
 from omnidraft.verify import IDS_ONLY_RULES, MIN_TEMPERATURE, MIN_TEMPERATURE_F32
@@ -165,23 +166,21 @@ class TargetService(services.TargetServicer):
         k_max = r.max_proposals or self.max_draft
         ids = session.ids[: r.prefix_len] + list(r.append)
         session.ids, new = ids, 0
-        acceptance, forwards = self.budget.session(), 0
+        plan, forwards = self.budget.session(), 0
         try:
             while new < r.max_new_tokens and context.is_active():
                 if drafts is not None and drafts.error:
                     context.abort(grpc.StatusCode.INVALID_ARGUMENT, drafts.error)
                 room = r.max_new_tokens - new - 1  # proposals that fit: the last token is the target's
                 proposed = drafts.usable(ids, min(k_max, room)) if drafts is not None and room > 0 else []
-                proposed = proposed[: self.budget.choose(acceptance, len(proposed), forwards)]
+                proposed = proposed[: plan.choose(len(proposed))]
                 start = time.perf_counter()
                 with self.compute_lock:
                     logits = session.target.score(ids + proposed, len(proposed))
                     accepted, nxt = decide(logits, Proposal(proposed) if proposed else None, config,
                                            step_generator(config.seed, len(ids)))
                 busy_ms = (time.perf_counter() - start) * 1000
-                if forwards:  # the first forward reads the context: its time is no step's
-                    self.budget.observe(len(proposed), busy_ms / 1000)
-                acceptance.update(len(proposed), accepted)
+                plan.learn(len(proposed), accepted, busy_ms / 1000, reads_prompt=not forwards)
                 forwards += 1
                 emitted, done = cut(proposed[:accepted] + [nxt], self.base.eos_ids, r.max_new_tokens - new)
                 reply = pb.Emitted(position=len(ids), tokens=emitted, proposed=proposed,
@@ -307,27 +306,24 @@ class ProposalBudget:
     """How many of a session's drafted tokens a forward verifies: the k that maximises the tokens the
     server emits per second of its own time (``costs.best_draft_length`` with no drafting cost: the
     device drafts on its own time), from this server's observed forward times by k (one table for
-    every session) and the session's acceptance. A verify that costs more than the tokens it is likely
-    to save is not made, so a weak or late drafter leaves the server at its own speed. While drafting
-    does not pay, one forward in ``EXPLORE_EVERY`` verifies a single token, so both estimates go on."""
-
-    EXPLORE_EVERY = 8
+    every session, :attr:`costs`) and the session's acceptance (:class:`SessionBudget`). A verify that
+    costs more than the tokens it is likely to save is not made, so a weak or late drafter leaves the
+    server at its own speed."""
 
     def __init__(self) -> None:
-        self.costs: VerifyCosts | None = None
+        self.costs: VerifyCosts | None = None  # until a plain step is timed
         self.lock = threading.Lock()
 
-    def session(self) -> AcceptanceStats:
-        return AcceptanceStats(prior_mean=0.5, decay=0.98)
+    def session(self) -> SessionBudget:
+        return SessionBudget(self)
 
-    def choose(self, acceptance: AcceptanceStats, available: int, step: int) -> int:
-        if not available:
-            return 0
+    def best(self, acceptance: AcceptanceStats | float, available: int) -> int | None:
+        """The paying k for this acceptance (None: no forward timed yet)."""
         with self.lock:
-            if self.costs is None:  # no plain step timed yet: verify what there is, and learn
-                return available
-            k = best_draft_length(acceptance.rates(available), 0.0, self.costs, available)
-        return k or (1 if step % self.EXPLORE_EVERY == 0 else 0)
+            if self.costs is None:
+                return None
+            rates = acceptance if isinstance(acceptance, float) else acceptance.rates(available)
+            return best_draft_length(rates, 0.0, self.costs, available)
 
     def observe(self, k: int, seconds: float) -> None:
         with self.lock:
@@ -336,6 +332,40 @@ class ProposalBudget:
                     self.costs = VerifyCosts.flat(seconds)  # optimistic about k > 0 until observed
                 return
             self.costs.observe(k, seconds)
+
+    def paid(self, k: int, accepted: int, seconds: float) -> bool:
+        """Whether a forward that verified ``k`` drafted tokens emitted them faster than plain steps would."""
+        with self.lock:
+            return self.costs is None or (accepted + 1) * self.costs(0) >= seconds
+
+
+class SessionBudget:
+    """One stream's side of :class:`ProposalBudget`: its acceptance, and when it explores. While
+    drafting does not pay, a forward now and then verifies one drafted token anyway (when a draft
+    could pay at all), so the estimates follow a drafter that improves; each exploration that lost
+    time makes the next twice as rare (the decoder's :class:`~omnidraft.sources.policy.Exploration`),
+    so a drafter that never pays costs the server almost nothing."""
+
+    def __init__(self, budget: ProposalBudget) -> None:
+        self.budget = budget
+        self.acceptance = AcceptanceStats(prior_mean=0.5, decay=0.98)
+        self.exploration = Exploration()
+
+    def choose(self, available: int) -> int:
+        if not available:
+            return 0
+        k = self.budget.best(self.acceptance, available)
+        if k is None:  # no plain step timed yet on this server: make one
+            return 0
+        return self.exploration.choose(k, 1, lambda: bool(self.budget.best(OPTIMISTIC_ACCEPTANCE, available)))
+
+    def learn(self, k: int, accepted: int, seconds: float, reads_prompt: bool) -> None:
+        """Fold one forward in; ``reads_prompt``: it also read the context, so its time is no step's."""
+        if not reads_prompt:
+            self.budget.observe(k, seconds)
+            if k:
+                self.exploration.settle(self.budget.paid(k, accepted, seconds))
+        self.acceptance.update(k, accepted)
 
 
 class Drafts:

@@ -1,0 +1,56 @@
+"""The server's proposal budget on synthetic forward times: a streaming client's drafts are verified
+only where they pay, and a drafter that never pays costs the server almost nothing."""
+
+from __future__ import annotations
+
+from omnidraft.rpc.server import ProposalBudget
+
+STEP = 0.065  # a plain step of a one-core llama.cpp target, seconds
+
+
+def compute_bound(k: int) -> float:
+    """A verify of k proposals on CPU kernels that cost ~0.8 step per extra row."""
+    return STEP * (1 + 0.8 * k)
+
+
+def run(budget: ProposalBudget, forwards: int, accept, cost=compute_bound, available: int = 4) -> list[int]:
+    """A session of ``forwards`` forwards with ``available`` drafted tokens before each; ``accept(k)``
+    says how many of k are kept. Returns the k verified per forward."""
+    plan, chosen = budget.session(), []
+    for i in range(forwards):
+        k = plan.choose(available)
+        plan.learn(k, accept(k), cost(k), reads_prompt=i == 0)
+        chosen.append(k)
+    return chosen
+
+
+def test_a_drafter_that_never_pays_is_rarely_verified():
+    """Acceptance 0 on compute-bound kernels: once the first forwards have learnt V(k), explorations of
+    one token come ever more rarely (each that lost doubles the gap), so they cost under 1.5%."""
+    budget = ProposalBudget()
+    chosen = run(budget, 400, accept=lambda k: 0)
+
+    def extra(ks: list[int]) -> float:
+        return sum(compute_bound(k) - STEP for k in ks) / (len(ks) * STEP)
+
+    assert extra(chosen) < 0.03 and extra(chosen[10:]) < 0.015
+    assert 0 < sum(1 for k in chosen[100:] if k) <= 3  # it still explores, rarely
+    assert max(chosen[100:]) == 1
+
+
+def test_drafts_that_pay_are_verified():
+    """Every proposal kept on a memory-bound target (a verify costs one step): the session verifies
+    what it is sent, in nearly every forward."""
+    budget = ProposalBudget()
+    chosen = run(budget, 60, accept=lambda k: k, cost=lambda k: STEP)
+    assert sum(1 for k in chosen[5:] if k == 4) >= 50
+
+
+def test_the_forward_times_are_the_servers_and_the_acceptance_the_sessions():
+    """A second session on the same server starts from the costs the first one observed, but not from
+    its acceptance: a good drafter on a session after a bad one is verified again."""
+    budget = ProposalBudget()
+    run(budget, 100, accept=lambda k: 0)
+    assert budget.costs is not None and budget.costs.observations.get(0, 0) > 50
+    chosen = run(budget, 40, accept=lambda k: k)  # every proposal kept: 5 tokens for 4.2 steps' time
+    assert sum(1 for k in chosen if k) >= 30
