@@ -224,13 +224,15 @@ def test_streaming_verification_gives_the_targets_own_output(paced_server, local
     same sample for the same seed), and drafts that arrived in time were kept."""
     client = remote(paced_server, tmp_path, protocol="stream")
     through, alone = decoder_for(client, real_models), SpeculativeDecoder(local_target)
-    tokens = forwards = accepted = 0
+    tokens = forwards = accepted = verified = 0
     for text, chat in PROMPTS:
         ids = encode_prompt(local_target.tokenizer, text, chat=chat)
         assert through.generate(ids, config).token_ids == alone.generate(ids, config).token_ids
         tokens, forwards = tokens + through.stats.new_tokens, forwards + through.stats.target_forwards
         accepted += through.stats.accepted_tokens + through.stats.lookup_accepted
+        verified += through.stats.steps - through.stats.plain_steps
     assert accepted > 0 and forwards < tokens  # the device's drafts saved server forwards
+    assert verified <= client.timely_forwards < forwards  # a forward verifies only a draft that had arrived
     assert 0 < client.bytes_sent / tokens < 200  # token ids, never logit rows
     client.close()
 

@@ -85,6 +85,7 @@ class RemoteTarget:
         self.metadata = (("authorization", f"Bearer {token}"),) if token else ()
         self.stub = services.TargetStub(self.channel)
         self.bytes_sent = self.bytes_received = self.calls = 0
+        self.timely_forwards = 0  # stream forwards that began with a usable draft (verified or not)
         info = self._call(self.stub.Info, pb.InfoRequest())
         self.info = info
         self.spec, self.engine = info.spec, info.engine

@@ -172,8 +172,8 @@ class TargetService(services.TargetServicer):
                 if drafts is not None and drafts.error:
                     context.abort(grpc.StatusCode.INVALID_ARGUMENT, drafts.error)
                 room = r.max_new_tokens - new - 1  # proposals that fit: the last token is the target's
-                proposed = drafts.usable(ids, min(k_max, room)) if drafts is not None and room > 0 else []
-                proposed = proposed[: plan.choose(len(proposed))]
+                usable = drafts.usable(ids, min(k_max, room)) if drafts is not None and room > 0 else []
+                proposed = usable[: plan.choose(len(usable))]
                 start = time.perf_counter()
                 with self.compute_lock:
                     logits = session.target.score(ids + proposed, len(proposed))
@@ -184,7 +184,8 @@ class TargetService(services.TargetServicer):
                 forwards += 1
                 emitted, done = cut(proposed[:accepted] + [nxt], self.base.eos_ids, r.max_new_tokens - new)
                 reply = pb.Emitted(position=len(ids), tokens=emitted, proposed=proposed,
-                                   accepted=min(accepted, len(emitted)), done=done, busy_ms=busy_ms)
+                                   accepted=min(accepted, len(emitted)), done=done, busy_ms=busy_ms,
+                                   usable=len(usable))
                 if r.logprobs_k:
                     reply.rows.extend(_rows(logits[: len(emitted)], emitted, columns, r.logprobs_k))
                 ids.extend(emitted)

@@ -251,6 +251,7 @@ class StreamRequest:
             if device is not None:
                 device.emitted(message.position, tokens)
             self.remote.server_ids = ids + tokens
+            self.remote.timely_forwards += message.usable > 0
             self.emitted += len(tokens)
             source = (device.source_at.get(message.position, "drafter") if device is not None else None) if proposed else None
             free = source is not None and any(s.free for s in self.sources if s.name == source)
