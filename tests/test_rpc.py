@@ -95,6 +95,25 @@ def test_a_wrong_or_missing_token_is_unauthenticated(server, tmp_path):
 
 
 @pytest.mark.real
+def test_a_prefix_of_other_tokens_is_refused_not_verified(server, local_target):
+    """The same session id on another replica may hold other tokens of the same length: the request
+    names its prefix by digest, and a mismatch is FAILED_PRECONDITION (the client resends), never a
+    verdict on the wrong text."""
+    from omnidraft.rpc import prefix_digest
+    from omnidraft.rpc.proto import pb, services
+
+    stub = services.TargetStub(grpc.insecure_channel(f"127.0.0.1:{server.port}"))
+    md = (("authorization", f"Bearer {TOKEN}"),)
+    held = stub.Verify(pb.VerifyRequest(session_id="digest", append=[9, 8, 7]), metadata=md, timeout=30).held
+    other, same = pb.VerifyRequest(session_id="digest", prefix_len=3, prefix_digest=prefix_digest([9, 8, 6])), \
+        pb.VerifyRequest(session_id="digest", prefix_len=3, prefix_digest=prefix_digest([9, 8, 7]))
+    with pytest.raises(grpc.RpcError) as refused:
+        stub.Verify(other, metadata=md, timeout=30)
+    assert held == 4 and refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert stub.Verify(same, metadata=md, timeout=30).held == 4
+
+
+@pytest.mark.real
 def test_an_evicted_session_is_resumed_transparently(server, local_target, real_models, tmp_path):
     a, b, c = (remote(server, tmp_path) for _ in range(3))  # the server keeps 2 sessions: each call evicts one
     ids = encode_prompt(local_target.tokenizer, "def add(a, b):\n")
@@ -311,6 +330,68 @@ def test_hostile_decode_streams_leave_the_server_up_and_exact(server, local_targ
         "OK", "INVALID_ARGUMENT", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "CANCELLED"}
     assert codes.get("OK", 0) >= FUZZ_REQUESTS // 3 // 6 and codes.get("INVALID_ARGUMENT", 0) >= FUZZ_REQUESTS // 3 // 6
     assert_still_serving_the_targets_output(channel, md, remote(server, tmp_path, protocol="stream"), local_target)
+
+
+# ---- scale-out: replicas behind nginx
+
+
+@pytest.fixture(scope="module")
+def balanced(local_target, tmp_path_factory):
+    """Two replicas (the module's target weights, a session table each) behind nginx with
+    docs/nginx-replicas.conf, round robin: yields (nginx's port, the two services)."""
+    import shutil
+    from pathlib import Path
+    from string import Template
+
+    from omnidraft.rpc.server import serve
+
+    nginx = shutil.which("nginx") or next((p for p in ("/usr/sbin/nginx",) if os.path.exists(p)), None)
+    if nginx is None:
+        pytest.skip("nginx is not installed (scripts/setup.sh installs Debian's package when it runs as root)")
+    replicas = [serve(local_target, TARGET, "llamacpp", port=0, token=TOKEN) for _ in range(2)]
+    prefix, port = tmp_path_factory.mktemp("nginx"), _free_port()
+    conf = Template((Path(__file__).parents[1] / "docs" / "nginx-replicas.conf").read_text()).substitute(
+        listen=f"127.0.0.1:{port}", prefix=prefix, replicas=" ".join(f"server 127.0.0.1:{r.port};" for r in replicas))
+    (prefix / "nginx.conf").write_text(conf)
+    proc = subprocess.Popen([nginx, "-p", str(prefix), "-c", str(prefix / "nginx.conf"), "-g", "daemon off;"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise AssertionError(f"nginx did not start: {proc.stdout.read() if proc.poll() is not None else ''}")
+                time.sleep(0.1)
+        yield port, [r.service for r in replicas]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        for r in replicas:
+            r.drain(grace=1)
+
+
+@pytest.mark.real
+@pytest.mark.parametrize("protocol", ["stream", "verify"])
+def test_a_client_whose_calls_move_between_replicas_stays_exact(balanced, local_target, real_models, tmp_path, protocol):
+    """Through nginx every call may reach the other replica, which does not know the session: the
+    output is still the target's own, and both replicas did the work."""
+    from omnidraft.rpc.client import RemoteTarget
+
+    port, services = balanced
+    work = [s.forwards + s.verifies for s in services]
+    client = RemoteTarget(f"grpc://127.0.0.1:{port}", token=TOKEN, home=tmp_path, protocol=protocol)
+    through, alone = decoder_for(client, real_models), SpeculativeDecoder(local_target)
+    config = DecodeConfig(**FORCED) if protocol == "verify" else DecodeConfig(max_new_tokens=16)
+    for text, chat in PROMPTS:
+        ids = encode_prompt(local_target.tokenizer, text, chat=chat)
+        expected = alone.generate(ids, config).token_ids
+        for _ in range(2):  # the second time the session is known to one replica only
+            assert through.generate(ids, config).token_ids == expected
+    assert all(s.forwards + s.verifies > w for s, w in zip(services, work))  # round robin reached both
+    client.close()
 
 
 # ---- the CLI: a server process

@@ -35,6 +35,7 @@ import torch
 from omnidraft.errors import OmnidraftError
 from omnidraft.home import home_dir
 from omnidraft.kv import common_prefix_len
+from omnidraft.rpc import prefix_digest
 from omnidraft.rpc.proto import pb, services
 from omnidraft.target.base import RowRequest, SparseRows, Verdict
 from omnidraft.verify import IDS_ONLY_RULES
@@ -133,7 +134,7 @@ class RemoteTarget:
         return Verdict(reply.accepted, reply.next_token, self.sparse(reply.rows) if rows is not None else None)
 
     def _verify(self, request, ids: list[int], prefix: int, rows: RowRequest | None):
-        request.prefix_len = prefix
+        request.prefix_len, request.prefix_digest = prefix, prefix_digest(ids[:prefix]) if prefix else b""
         del request.append[:]
         request.append.extend(ids[prefix:])
         if rows is not None:

@@ -40,6 +40,7 @@ from omnidraft.console import notice
 from omnidraft.costs import AcceptanceStats, VerifyCosts, best_draft_length
 from omnidraft.errors import OmnidraftError
 from omnidraft.sources.policy import OPTIMISTIC_ACCEPTANCE, Exploration
+from omnidraft.rpc import prefix_digest
 from omnidraft.rpc.proto import SERVICE_NAME, pb, services
 from omnidraft.target.base import cut, decide, settle_cache, step_generator
 from omnidraft.verify import IDS_ONLY_RULES, MIN_TEMPERATURE, MIN_TEMPERATURE_F32
@@ -285,6 +286,9 @@ class TargetService(services.TargetServicer):
             elif r.prefix_len > len(session.ids):
                 raise Refused(grpc.StatusCode.FAILED_PRECONDITION,
                               f"prefix mismatch: the session holds {len(session.ids)} tokens, not {r.prefix_len}")
+            elif r.prefix_len and r.prefix_digest != prefix_digest(session.ids[: r.prefix_len]):
+                raise Refused(grpc.StatusCode.FAILED_PRECONDITION,
+                              "prefix mismatch: the session holds other tokens (another replica's?): resend the context")
             self.sessions.move_to_end(r.session_id)
             session.last_used = now
             return session

@@ -36,6 +36,7 @@ import grpc
 from omnidraft.config import DecodeConfig
 from omnidraft.errors import OmnidraftError
 from omnidraft.kv import common_prefix_len
+from omnidraft.rpc import prefix_digest
 from omnidraft.rpc.proto import pb
 from omnidraft.sources.base import DraftSource, StepResult, StepTimes
 from omnidraft.sources.policy import AheadPolicy
@@ -203,6 +204,7 @@ class StreamRequest:
         remote = self.remote
         prefix = common_prefix_len(remote.server_ids, ids)
         start = pb.GenerateRequest(session_id=remote.session_id, prefix_len=prefix, append=ids[prefix:],
+                                   prefix_digest=prefix_digest(ids[:prefix]) if prefix else b"",
                                    max_new_tokens=remaining, rule=_rule(self.config), temperature=self.config.temperature,
                                    top_p=self.config.top_p, seed=self.config.seed, max_proposals=self.k_max)
         if self.rows is not None:
