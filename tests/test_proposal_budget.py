@@ -4,6 +4,7 @@ only where they pay, and a drafter that never pays costs the server almost nothi
 from __future__ import annotations
 
 from omnidraft.rpc.server import ProposalBudget
+from omnidraft.sources.policy import EXPLORE_EVERY
 
 STEP = 0.065  # a plain step of a one-core llama.cpp target, seconds
 
@@ -54,3 +55,24 @@ def test_the_forward_times_are_the_servers_and_the_acceptance_the_sessions():
     assert budget.costs is not None and budget.costs.observations.get(0, 0) > 50
     chosen = run(budget, 40, accept=lambda k: k)  # every proposal kept: 5 tokens for 4.2 steps' time
     assert sum(1 for k in chosen if k) >= 30
+
+
+def test_the_device_may_rest_while_drafts_do_not_pay():
+    """With a drafter that never pays the server tells the device to rest (draft nothing), except when
+    an exploration is due: then it asks for a draft, and the exploration waits for one to arrive."""
+    budget = ProposalBudget()
+    plan = budget.session()
+    rests = []
+    for i in range(300):
+        k = plan.choose(4 if not rests or not rests[-1] else 0)  # a resting device sends nothing
+        plan.learn(k, 0, compute_bound(k), reads_prompt=i == 0)
+        rests.append(plan.rest(4))
+    assert sum(rests[20:]) > 0.9 * len(rests[20:])  # mostly resting
+    woken = [i for i in range(21, 300) if rests[i - 1] and not rests[i]]
+    assert woken  # asked for a draft again, for an exploration
+    for i in range(400):  # the drafter got good (an adapter, text it knows): its explorations pay
+        k = plan.choose(0 if rests[-1] else 4)
+        plan.learn(k, k, compute_bound(k), reads_prompt=False)
+        rests.append(plan.rest(4))
+    assert plan.exploration.every == EXPLORE_EVERY  # no more backoff: the device is woken every 16 forwards
+    assert sum(1 for i in range(301, 700) if rests[i - 1] and not rests[i]) >= 10

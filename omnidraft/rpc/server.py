@@ -182,11 +182,12 @@ class TargetService(services.TargetServicer):
                                            step_generator(config.seed, len(ids)))
                 busy_ms = (time.perf_counter() - start) * 1000
                 plan.learn(len(proposed), accepted, busy_ms / 1000, reads_prompt=not forwards)
+                rest = drafts is not None and plan.rest(k_max)
                 forwards += 1
                 emitted, done = cut(proposed[:accepted] + [nxt], self.base.eos_ids, r.max_new_tokens - new)
                 reply = pb.Emitted(position=len(ids), tokens=emitted, proposed=proposed,
                                    accepted=min(accepted, len(emitted)), done=done, busy_ms=busy_ms,
-                                   usable=len(usable))
+                                   usable=len(usable), rest=rest)
                 if r.logprobs_k:
                     reply.rows.extend(_rows(logits[: len(emitted)], emitted, columns, r.logprobs_k))
                 ids.extend(emitted)
@@ -358,11 +359,20 @@ class SessionBudget:
 
     def choose(self, available: int) -> int:
         if not available:
+            self.exploration.skip()
             return 0
         k = self.budget.best(self.acceptance, available)
         if k is None:  # no plain step timed yet on this server: make one
             return 0
         return self.exploration.choose(k, 1, lambda: bool(self.budget.best(OPTIMISTIC_ACCEPTANCE, available)))
+
+    def rest(self, k_max: int) -> bool:
+        """Whether the device may stop drafting: a full draft would not be verified now, and no
+        exploration is due (then the device drafts again, and the exploration waits for its draft)."""
+        k = self.budget.best(self.acceptance, k_max)
+        if k is None or k:
+            return False
+        return not (self.exploration.due and self.budget.best(OPTIMISTIC_ACCEPTANCE, k_max))
 
     def learn(self, k: int, accepted: int, seconds: float, reads_prompt: bool) -> None:
         """Fold one forward in; ``reads_prompt``: it also read the context, so its time is no step's."""

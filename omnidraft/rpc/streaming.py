@@ -11,7 +11,10 @@ SpecEdge (arXiv 2505.17052) and AMUSD:
   assumes its own unconfirmed proposals were kept (``ahead``), and sends each chunk as it is drafted;
 - each forward's tokens come down as one message and go to the caller at once, drafting or not.
   Where they agree with ``ahead`` the device goes on; where they differ it drops ``ahead`` and its
-  sources begin again on the emitted text.
+  sources begin again on the emitted text;
+- a message may tell the device to rest: the server's budget would verify none of a draft now and
+  no exploration is due, so drafting would only spend the device's battery (and the server's time
+  on messages). The device drafts again when a message no longer says so.
 
 The server picks every token by the rule with per-position randomness, so the output is the
 target's own (greedy: identical; text-sample: the same sample for the same seed) whatever the
@@ -73,9 +76,10 @@ class Device(threading.Thread):
         self.source_at: dict[int, str] = {}  # position -> the source that drafted the token sent there
         self.error: BaseException | None = None
         self.limit = request.k_max + AHEAD
+        self.resting = False  # the server said drafts do not pay now: draft nothing until it says otherwise
 
-    def emitted(self, position: int, tokens: list[int]) -> None:
-        self.updates.put((position, tokens))
+    def emitted(self, position: int, tokens: list[int], rest: bool = False) -> None:
+        self.updates.put((position, tokens, rest))
 
     def stop(self) -> None:
         self.updates.put(STOP)
@@ -89,7 +93,7 @@ class Device(threading.Thread):
     def _loop(self) -> None:
         rewind = idle = False
         while True:
-            block = idle or len(self.ahead) >= self.limit or self.request.room(self.text, self.ahead) <= 0
+            block = idle or self.resting or len(self.ahead) >= self.limit or self.request.room(self.text, self.ahead) <= 0
             while True:  # every update that has come, waiting for one only when there is nothing to draft
                 try:
                     update = self.updates.get(block=block)
@@ -97,8 +101,11 @@ class Device(threading.Thread):
                     break
                 if update is STOP:
                     return
-                rewind |= self._follow(*update)
+                position, tokens, self.resting = update
+                rewind |= self._follow(position, tokens)
                 idle = block = False
+            if self.resting:
+                continue
             if rewind:
                 for s in self.request.sources:
                     s.begin(self.text, self.request.config, self.request.policy)
@@ -251,7 +258,7 @@ class StreamRequest:
                                      f"expected {len(ids)}")
             tokens, proposed = list(message.tokens), list(message.proposed)
             if device is not None:
-                device.emitted(message.position, tokens)
+                device.emitted(message.position, tokens, message.rest)
             self.remote.server_ids = ids + tokens
             self.remote.timely_forwards += message.usable > 0
             self.emitted += len(tokens)

@@ -115,6 +115,15 @@ class Exploration:
             return k_max
         return 0
 
+    def skip(self) -> None:
+        """A step with nothing to explore with (no draft at hand) still counts toward the next exploration."""
+        self.since += 1
+
+    @property
+    def due(self) -> bool:
+        """The next skipped step explores (if drafting could pay at all)."""
+        return self.since + 1 >= self.every
+
     def settle(self, paid: bool) -> None:
         """After an exploration: one that lost time makes the next twice as rare, one that paid resets."""
         if self.active:
