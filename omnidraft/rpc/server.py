@@ -39,9 +39,9 @@ from grpc_reflection.v1alpha import reflection
 from omnidraft.console import notice
 from omnidraft.costs import AcceptanceStats, VerifyCosts, best_draft_length
 from omnidraft.errors import OmnidraftError
-from omnidraft.sources.policy import OPTIMISTIC_ACCEPTANCE, Exploration
 from omnidraft.rpc import prefix_digest
 from omnidraft.rpc.proto import SERVICE_NAME, pb, services
+from omnidraft.sources.policy import OPTIMISTIC_ACCEPTANCE, Exploration
 from omnidraft.target.base import cut, decide, settle_cache, step_generator
 from omnidraft.verify import IDS_ONLY_RULES, MIN_TEMPERATURE, MIN_TEMPERATURE_F32
 from omnidraft.verify.proposal import Proposal
@@ -339,8 +339,8 @@ class ProposalBudget:
                 return
             self.costs.observe(k, seconds)
 
-    def paid(self, k: int, accepted: int, seconds: float) -> bool:
-        """Whether a forward that verified ``k`` drafted tokens emitted them faster than plain steps would."""
+    def paid(self, accepted: int, seconds: float) -> bool:
+        """Whether a verifying forward emitted its ``accepted`` + 1 tokens faster than plain steps would."""
         with self.lock:
             return self.costs is None or (accepted + 1) * self.costs(0) >= seconds
 
@@ -379,7 +379,7 @@ class SessionBudget:
         if not reads_prompt:
             self.budget.observe(k, seconds)
             if k:
-                self.exploration.settle(self.budget.paid(k, accepted, seconds))
+                self.exploration.settle(self.budget.paid(accepted, seconds))
         self.acceptance.update(k, accepted)
 
 
