@@ -44,6 +44,19 @@ def test_summarize_ratios_and_identity():
     assert "| greedy | 2.00 | 1.50× |" in table and "| NO (1/2) |" in table
 
 
+def test_the_share_of_forwards_a_streamed_draft_reached_in_time(tmp_path):
+    from omnidraft.bench.report import write_results
+
+    runs = {"server-stream": [PromptRun([1, 2, 3, 4], 2.0, 4)],
+            "stream": [PromptRun([1, 2, 3, 4], 1.0, 2, timely_forwards=1), PromptRun([5, 6], 1.0, 2, timely_forwards=2)]}
+    s = summarize(runs, baseline="server-stream")
+    assert s["stream"]["timely_forward_share"] == 0.75 and s["server-stream"]["timely_forward_share"] == 0
+    meta = dict(drafter="d", target="grpc://127.0.0.1:1", prompts="humaneval", n=2, max_new_tokens=4, draft_len=8,
+                draft_stop="auto", drafter_dtype="float32", temperature_sampling_modes=0.7, threads=1)
+    write_results(tmp_path, meta, s)
+    assert "usable draft (streaming verification): `stream` 75%" in (tmp_path / "results.md").read_text()
+
+
 def test_the_drafters_cost_per_token_leaves_the_catch_up_reads_apart():
     a, b = run([1, 2, 3, 4], 2.0, 2, 0.5), run([5, 6], 1.0, 1, 1.0)
     a.steps, a.drafted_tokens, a.split = 2, 4, {"draft": 0.5, "catch_up": 0.3, "verify": 1.0, "bridge": 0, "other": 0}

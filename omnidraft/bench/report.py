@@ -85,6 +85,10 @@ def write_results(out_dir: Path, meta: dict, summary: dict[str, dict]) -> list[P
     if remote:
         md += "\nOver the wire (message bytes both ways per generated token; tokens/target fwd = tokens per round trip): " + \
               ", ".join(f"`{m}` {b:.0f} B" for m, b in remote.items()) + f" (injected round trip {meta.get('rtt_ms', 0):g} ms)\n"
+    timely = {m: r["timely_forward_share"] for m, r in summary.items() if r.get("timely_forward_share")}
+    if timely:
+        md += "\nServer forwards that began with a usable draft (streaming verification): " + \
+              ", ".join(f"`{m}` {share:.0%}" for m, share in timely.items()) + "\n"
     if "target-sample" in summary:
         md += "\nThe sampling modes' speedups are against `target-sample`: the target alone, sampling at the same temperature.\n"
     if meta.get("turns"):

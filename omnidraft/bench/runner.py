@@ -74,6 +74,7 @@ class PromptRun:
     lookup_proposed: int = 0
     lookup_accepted: int = 0
     token_times: list[float] = field(default_factory=list)  # seconds from the request's start to each token's arrival
+    timely_forwards: int = 0  # a server's stream forwards that began with a usable draft (verified or not)
 
     @property
     def tokens_per_s(self) -> float:
@@ -128,6 +129,8 @@ def summarize(runs: dict[str, list[PromptRun]], baseline: str | None = "target",
             "lookup_proposed": sum(r.lookup_proposed for r in mode_runs),
             "lookup_accepted": sum(r.lookup_accepted for r in mode_runs),
             "wire_bytes_per_token": sum(r.wire_bytes for r in mode_runs) / tokens if tokens else None,
+            # streaming verification: the share of server forwards a draft reached in time
+            "timely_forward_share": sum(r.timely_forwards for r in mode_runs) / forwards if forwards else None,
             "steps": sum(r.steps for r in mode_runs),
         }
         row.update(latency_ms(mode_runs))
@@ -181,6 +184,7 @@ def our_mode(decoder: SpeculativeDecoder, config: DecodeConfig) -> ModeFn:
     def run(prompt_ids: list[int]) -> PromptRun:
         fresh(decoder)
         sent = getattr(decoder.target, "bytes_sent", 0) + getattr(decoder.target, "bytes_received", 0)
+        timely = getattr(decoder.target, "timely_forwards", 0)
         token_ids, times, start = [], [], time.perf_counter()
         for chunk in decoder.stream_ids(prompt_ids, config):
             now = time.perf_counter() - start
@@ -193,7 +197,8 @@ def our_mode(decoder: SpeculativeDecoder, config: DecodeConfig) -> ModeFn:
                          s.accepted_tokens, s.acceptance_rate if drafting else None, s.ngram_hits_proposed,
                          s.ngram_hits_accepted, {"draft": s.draft_s, "catch_up": s.catch_up_s, "verify": s.verify_s,
                                                  "bridge": s.bridge_s, "other": s.other_s},
-                         s.steps, s.plain_steps, wire, s.lookup_steps, s.lookup_proposed, s.lookup_accepted, times)
+                         s.steps, s.plain_steps, wire, s.lookup_steps, s.lookup_proposed, s.lookup_accepted, times,
+                         getattr(decoder.target, "timely_forwards", 0) - timely)
 
     run.decoder = decoder  # what the draft policy measured and chose, for the report
     return run
