@@ -269,6 +269,35 @@ def test_server_stream_is_the_target_alone_in_one_call(server, local_target, tmp
 
 
 @pytest.mark.real
+def test_the_server_drafts_by_prompt_lookup_where_the_device_sends_nothing(server, local_target):
+    """A Decode stream that asks for lookup and never sends a draft: the server proposes from the
+    context itself, and the tokens are those of Generate (the server alone)."""
+    import threading
+
+    from omnidraft.rpc.proto import pb, services
+
+    stub = services.TargetStub(grpc.insecure_channel(f"127.0.0.1:{server.port}"))
+    md = (("authorization", f"Bearer {TOKEN}"),)
+    ids = encode_prompt(local_target.tokenizer, "Repeat exactly: alpha beta gamma delta epsilon zeta eta theta iota kappa.\n"
+                        "alpha beta gamma delta epsilon zeta eta theta iota kappa.\nalpha beta gamma delta")
+    request = dict(append=ids, max_new_tokens=24)
+    alone = [t for m in stub.Generate(pb.GenerateRequest(session_id="alone", **request), metadata=md, timeout=60)
+             for t in m.tokens]
+    finished = threading.Event()
+
+    def up():
+        yield pb.DecodeUp(start=pb.GenerateRequest(session_id="looks-up", lookup=True, **request))
+        finished.wait(60)  # no drafts: the device has nothing to say
+
+    messages = list(stub.Decode(up(), metadata=md, timeout=60))
+    finished.set()
+    assert [t for m in messages for t in m.tokens] == alone
+    looked_up = [m for m in messages if m.server_lookup]
+    assert looked_up and all(m.proposed and not m.usable for m in looked_up)
+    assert sum(m.accepted for m in looked_up) > 0 and len(messages) < len(alone)  # it saved forwards
+
+
+@pytest.mark.real
 def test_a_stream_whose_session_is_gone_resends_its_context(server, local_target, real_models, tmp_path):
     client = remote(server, tmp_path, protocol="stream")
     decoder, config = decoder_for(client, real_models), DecodeConfig(max_new_tokens=10)

@@ -41,6 +41,7 @@ from omnidraft.costs import AcceptanceStats, VerifyCosts, best_draft_length
 from omnidraft.errors import OmnidraftError
 from omnidraft.rpc import prefix_digest
 from omnidraft.rpc.proto import SERVICE_NAME, pb, services
+from omnidraft.sources.lookup import LookupIndex
 from omnidraft.sources.policy import OPTIMISTIC_ACCEPTANCE, Exploration
 from omnidraft.target.base import cut, decide, settle_cache, step_generator
 from omnidraft.verify import IDS_ONLY_RULES, MIN_TEMPERATURE, MIN_TEMPERATURE_F32
@@ -168,29 +169,35 @@ class TargetService(services.TargetServicer):
         ids = session.ids[: r.prefix_len] + list(r.append)
         session.ids, new = ids, 0
         plan, forwards = self.budget.session(), 0
+        lookup = ServerLookup(self.budget, ids) if r.lookup else None
         try:
             while new < r.max_new_tokens and context.is_active():
                 if drafts is not None and drafts.error:
                     context.abort(grpc.StatusCode.INVALID_ARGUMENT, drafts.error)
                 room = r.max_new_tokens - new - 1  # proposals that fit: the last token is the target's
                 usable = drafts.usable(ids, min(k_max, room)) if drafts is not None and room > 0 else []
-                proposed = usable[: plan.choose(len(usable))]
+                proposed, chooser = usable[: plan.choose(len(usable))], plan
+                if not proposed and lookup is not None and room > 0:  # no paying draft from the device
+                    proposed = lookup.propose(min(k_max, room))
+                    chooser = lookup.plan if proposed else plan
                 start = time.perf_counter()
                 with self.compute_lock:
                     logits = session.target.score(ids + proposed, len(proposed))
                     accepted, nxt = decide(logits, Proposal(proposed) if proposed else None, config,
                                            step_generator(config.seed, len(ids)))
                 busy_ms = (time.perf_counter() - start) * 1000
-                plan.learn(len(proposed), accepted, busy_ms / 1000, reads_prompt=not forwards)
+                chooser.learn(len(proposed), accepted, busy_ms / 1000, reads_prompt=not forwards)
                 rest = drafts is not None and plan.rest(k_max)
                 forwards += 1
                 emitted, done = cut(proposed[:accepted] + [nxt], self.base.eos_ids, r.max_new_tokens - new)
                 reply = pb.Emitted(position=len(ids), tokens=emitted, proposed=proposed,
                                    accepted=min(accepted, len(emitted)), done=done, busy_ms=busy_ms,
-                                   usable=len(usable), rest=rest)
+                                   usable=len(usable), rest=rest, server_lookup=chooser is not plan)
                 if r.logprobs_k:
                     reply.rows.extend(_rows(logits[: len(emitted)], emitted, columns, r.logprobs_k))
                 ids.extend(emitted)
+                if lookup is not None:
+                    lookup.index.extend(emitted)
                 new += len(emitted)
                 session.last_used = time.monotonic()
                 self.forwards += 1
@@ -381,6 +388,22 @@ class SessionBudget:
             if k:
                 self.exploration.settle(self.budget.paid(accepted, seconds))
         self.acceptance.update(k, accepted)
+
+
+class ServerLookup:
+    """Prompt lookup on the server (:class:`~omnidraft.sources.lookup.LookupIndex` over the stream's
+    context): drafts for the forwards the device's drafts miss, with no round trip and nothing to
+    send, as llama.cpp's server does with lookup decoding. Its acceptance and explorations are its
+    own (a :class:`SessionBudget`); the forward times are the server's."""
+
+    def __init__(self, budget: ProposalBudget, ids: list[int]) -> None:
+        self.index = LookupIndex()
+        self.index.reset(ids)
+        self.plan = budget.session()
+
+    def propose(self, k: int) -> list[int]:
+        copied, _ = self.index.propose(k)
+        return copied[: self.plan.choose(len(copied))]
 
 
 class Drafts:

@@ -42,6 +42,7 @@ from omnidraft.kv import common_prefix_len
 from omnidraft.rpc import prefix_digest
 from omnidraft.rpc.proto import pb
 from omnidraft.sources.base import DraftSource, StepResult, StepTimes
+from omnidraft.sources.lookup import ContextLookup
 from omnidraft.sources.policy import AheadPolicy
 from omnidraft.verify.proposal import Proposal
 
@@ -52,6 +53,7 @@ if TYPE_CHECKING:
 CHUNK = 2  # tokens a source drafts per message: small, so each reaches the server soon
 AHEAD = 8  # the device drafts up to max_proposals + this many tokens past what it has seen
 SYNC = "target"  # the StepResult source name of tokens the server emitted beyond the device's draft
+SERVER_LOOKUP = "server-lookup"  # the StepResult source name of proposals the server drafted by prompt lookup
 STOP = object()
 
 
@@ -213,7 +215,8 @@ class StreamRequest:
         start = pb.GenerateRequest(session_id=remote.session_id, prefix_len=prefix, append=ids[prefix:],
                                    prefix_digest=prefix_digest(ids[:prefix]) if prefix else b"",
                                    max_new_tokens=remaining, rule=_rule(self.config), temperature=self.config.temperature,
-                                   top_p=self.config.top_p, seed=self.config.seed, max_proposals=self.k_max)
+                                   top_p=self.config.top_p, seed=self.config.seed, max_proposals=self.k_max,
+                                   lookup=any(s.name == ContextLookup.name for s in self.sources))  # lookup on: the server looks up too
         if self.rows is not None:
             remote.columns_into(start, self.rows)
         outbox: queue.SimpleQueue = queue.SimpleQueue()
@@ -262,8 +265,9 @@ class StreamRequest:
             self.remote.server_ids = ids + tokens
             self.remote.timely_forwards += message.usable > 0
             self.emitted += len(tokens)
-            source = (device.source_at.get(message.position, "drafter") if device is not None else None) if proposed else None
-            free = source is not None and any(s.free for s in self.sources if s.name == source)
+            source = (SERVER_LOOKUP if message.server_lookup else device.source_at.get(message.position, "drafter")
+                      if device is not None else None) if proposed else None
+            free = source == SERVER_LOOKUP or source is not None and any(s.free for s in self.sources if s.name == source)
             yield StepResult(source=source, key="", free=free, proposal=Proposal(proposed) if proposed else None,
                              drafted=len(proposed), accepted=message.accepted, emitted=tokens, done=message.done,
                              rows=self.remote.sparse(message.rows) if self.rows is not None else None,
