@@ -235,12 +235,14 @@ def paced_server(local_target):
 
 
 @pytest.mark.real
-@pytest.mark.parametrize("config", [DecodeConfig(max_new_tokens=24),
-                                    DecodeConfig(max_new_tokens=24, verify="text-sample", temperature=0.8, seed=7)],
+@pytest.mark.parametrize("config", [DecodeConfig(max_new_tokens=24, lookup=False),
+                                    DecodeConfig(max_new_tokens=24, lookup=False, verify="text-sample", temperature=0.8,
+                                                 seed=7)],
                          ids=["greedy", "text-sample"])
 def test_streaming_verification_gives_the_targets_own_output(paced_server, local_target, real_models, tmp_path, config):
     """Drafts streamed up while the server decodes: the tokens are the target's own (greedy, and the
-    same sample for the same seed), and drafts that arrived in time were kept."""
+    same sample for the same seed), and drafts that arrived in time were kept. Lookup is off, so every
+    verified forward verified the device's drafter (the server's own lookup has a test below)."""
     client = remote(paced_server, tmp_path, protocol="stream")
     through, alone = decoder_for(client, real_models), SpeculativeDecoder(local_target)
     tokens = forwards = accepted = verified = 0
