@@ -198,3 +198,33 @@ def test_the_pipeline_loads_it_without_the_torch_drafter_and_uses_the_pairs_adap
         assert pipe.adapter_slot.current is not None and pipe.adapter_slot.current.state.keys() == state.keys()
     finally:
         pipe.decoder.drafter.lm.engine.close()
+
+
+@pytest.mark.real
+def test_the_benchs_gguf_mode_drafts_with_the_runs_adapter(tmp_path, gguf_lm, peft_drafter, real_models):
+    """`bench --adapter X` with a -gguf mode: that mode's drafter carries X like the pipeline's
+    (it once ran the base weights, so a trained adapter looked like no gain there)."""
+    import argparse
+
+    from omnidraft.cli.bench import _gguf_drafter
+    from omnidraft.train.publish import save
+
+    lm, tok = gguf_lm
+    peft, _, _ = peft_drafter
+    d_model, d_tok = real_models(DRAFTER)
+    _, t_tok = real_models("builtin:gemma3-270m")
+    save(tmp_path / "adapter", peft, {"identity": vars(identity_of(d_tok, t_tok, d_model)), "updates": 1})
+    ids = list(tok.encode(TEXT))[:40]
+    lm.apply_adapter(None)
+    lm.reset()
+    base = lm.logits_for(ids).clone()
+    for adapter, moved in (("none", False), (str(tmp_path / "adapter"), True)):
+        pipe = load_pipeline("builtin:gemma3-270m", DRAFTER, home=TEST_HOME, quiet=True, adapter=adapter,
+                             drafter_backend="llamacpp")
+        bench_drafter = _gguf_drafter(argparse.Namespace(drafter=DRAFTER), pipe)
+        try:
+            got = bench_drafter.lm.logits_for(ids)
+            assert (got - base).abs().max() > 1.0 if moved else torch.allclose(got, base, atol=0.05, rtol=0)
+        finally:
+            bench_drafter.lm.engine.close()
+            pipe.decoder.drafter.lm.engine.close()

@@ -117,7 +117,8 @@ def draft_policy(meta: dict) -> str:
 def meta_line(meta: dict) -> str:
     return (f"drafter `{meta['drafter']}` → target `{meta['target']}`, prompts `{meta['prompts']}` × {meta['n']}, "
             f"{meta['max_new_tokens']} new tokens, {draft_policy(meta)}, "
-            f"torch drafter in {meta['drafter_dtype']} (the -onnx and -gguf modes: the export, the GGUF), "
+            + f"torch drafter in {meta['drafter_dtype']} (the -onnx and -gguf modes: the export, the GGUF), "
+            + (f"adapter {meta['adapter']}, " if meta.get("adapter", "none") != "none" else "") +
             f"sampling modes at T={meta['temperature_sampling_modes']}, "
             f"{meta['threads']} threads" + (f", CPU {meta['host']}" if meta.get("host") else ""))
 

@@ -179,16 +179,27 @@ def _onnx_drafter(args: argparse.Namespace, pipe):
     from omnidraft.runtime import onnx_export_for
 
     folder = onnx_export_for(args.drafter, "onnx" if args.drafter_backend in ("auto", "torch") else args.drafter_backend)
-    return Drafter(OnnxDraftLM(folder), pipe.decoder.drafter.stop_ids)
+    return _with_pipeline_adapter(Drafter(OnnxDraftLM(folder), pipe.decoder.drafter.stop_ids), pipe)
 
 
 def _gguf_drafter(args: argparse.Namespace, pipe):
-    """The drafter's GGUF on llama.cpp (base weights), sharing the pipeline's stop tokens."""
+    """The drafter's GGUF on llama.cpp, sharing the pipeline's stop tokens and adapter."""
     from omnidraft.drafter import Drafter
     from omnidraft.runtime import gguf_drafter
 
     lm, _ = gguf_drafter(args.drafter, quiet=True)
-    return Drafter(lm, pipe.decoder.drafter.stop_ids)
+    return _with_pipeline_adapter(Drafter(lm, pipe.decoder.drafter.stop_ids), pipe)
+
+
+def _with_pipeline_adapter(drafter, pipe):
+    """``drafter`` with the adapter ``--adapter`` gave the pipeline's drafter (and its acceptance
+    head), so every mode of one run drafts with the same trained weights, whatever runs them."""
+    from omnidraft.adapter.slot import AdapterSlot
+
+    slot = pipe.adapter_slot
+    if slot is not None and slot.current is not None:
+        AdapterSlot(drafter, slot.identity, slot.folder).use(slot.current)
+    return drafter
 
 
 def _llama_target(args: argparse.Namespace, pipe):
@@ -238,7 +249,8 @@ def run(args: argparse.Namespace) -> int:
     summary = summarize(runs, baseline="server-stream" if "server-stream" in runs else "target")
     meta = run_meta(args, len(prompts)) | {"ngram_cache": args.ngram_cache, "cache_size": args.cache_size,
                                            "cache_policy": args.cache_policy or "lru", "freeze_cache": args.freeze_cache,
-                                           "engines": engines(args), "policy": policy_report(fns)}
+                                           "engines": engines(args), "policy": policy_report(fns),
+                                           "adapter": pipe.adapter_slot.description if pipe.adapter_slot else "none"}
     if max(turns) > 1:  # a multi-turn set: which turn of its chat each prompt is
         meta["turns"] = turns
     files = write_results(args.out, meta, summary)
