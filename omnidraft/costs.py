@@ -204,6 +204,12 @@ class AcceptanceStats:
             self.tried[min(accepted, last)] += 1
         self.steps += 1
 
+    def discount(self, keep: float) -> None:
+        """Keep the share ``keep`` of the evidence (the prior's weight is unchanged), so new
+        outcomes outweigh those of a drafter that has since changed."""
+        self.tried = [t * keep for t in self.tried]
+        self.accepted = [a * keep for a in self.accepted]
+
     def rate(self, i: int) -> float:
         """a_i for the 1-based position i."""
         if i < 1:

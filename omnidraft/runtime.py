@@ -222,7 +222,9 @@ def load_pipeline(target_spec: str, drafter_spec: str | None, *, home=None, dtyp
     slot = AdapterSlot(drafter, identity, adapters.pair_dir(drafter_spec, target_spec, home))
     decoder.observers.append(slot)
     decoder.cost_policy.keep_at(policy_path(drafter_spec, target_spec, engine, backend, home))
+    slot.listeners.append(decoder.cost_policy.drafter_weights)
     use_adapter(slot, adapter, quiet)
+    decoder.cost_policy.drafter_weights(slot.weights)  # also when no adapter loaded: "none" may be news
     label = backend if backend == "llamacpp" or backend.startswith("onnx") else f"torch-{backend}"
     return Pipeline(decoder, target_spec, drafter_spec, target_model, drafter_model, slot, engine, label)
 

@@ -87,6 +87,35 @@ def test_explorations_that_lose_time_become_rarer_and_one_that_pays_resets_them(
     assert b.explorations[False].every == EXPLORE_EVERY
 
 
+def test_new_adapter_weights_are_explored_soon_and_outweigh_the_old_evidence(tmp_path):
+    """A trained adapter can make a drafter that never paid worth drafting; the policy's evidence
+    about the old weights must not keep it at one exploration per EXPLORE_MAX steps."""
+    b = measured_policy(VerifyCosts.flat(0.150), drafter_s=0.030)
+    b.drafter_weights("none")
+    for _ in range(200):
+        b.stats.update(4, 0)  # the untrained drafter: always wrong
+    for _ in range(6):  # explorations that lost time: the gap grew to its maximum
+        while not plan(b, 8):
+            pass
+        observe_step(b, 4, 0.12, 4, 0.16, 0, [0.5] * 4)
+    assert b.explorations[False].every == EXPLORE_MAX
+    wrong = b.stats.tried[0]
+    b.drafter_weights("none")  # the same weights again (a restart): nothing changes
+    assert b.explorations[False].every == EXPLORE_MAX and b.stats.tried[0] == wrong
+    b.drafter_weights("adapters/pair/v000003")
+    assert b.explorations[False].every == EXPLORE_EVERY and b.stats.tried[0] < wrong / 3
+    explored = next(i for i in range(1, EXPLORE_MAX) if plan(b, 8))
+    assert explored == EXPLORE_EVERY
+    for _ in range(10):  # the adapted drafter is right: a few good drafts turn drafting on
+        observe_step(b, 4, 0.12, 4, 0.16, 4, [0.9] * 4)
+    assert plan(b, 8) == 8
+    b.keep_at(tmp_path / "pair.json")
+    b.save()
+    again = CostPolicy()
+    again.keep_at(tmp_path / "pair.json")
+    assert again.weights == "adapters/pair/v000003"
+
+
 def test_a_free_drafter_pays_on_llama_cpp_with_high_acceptance():
     b = measured_policy(VerifyCosts(LLAMA_CPP), drafter_s=0.0005)
     for _ in range(100):

@@ -4,13 +4,14 @@
 trainer, when one runs) for a newly published version and, if there is one, loads, checks and
 applies it. Applying means the drafter backend's ``apply_adapter`` (a weight merge on torch, an
 adapter switch on onnxruntime) plus the adapter's acceptance head; the drafter's KV cache was
-computed with the old weights, so it is dropped and rebuilt on the next draft.
+computed with the old weights, so it is dropped and rebuilt on the next draft, and the listeners
+(the draft policy, whose acceptance statistics described the old weights) are told.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Callable, Protocol
 
 from omnidraft.adapter import head as head_mod
 from omnidraft.adapter import store
@@ -33,6 +34,12 @@ class AdapterSlot(DecodeObserver):
         self.folder = folder  # where this pair's adapter lives (and where training publishes)
         self.current: store.LoadedAdapter | None = None
         self.source: Publisher | None = None
+        self.listeners: list[Callable[[str], None]] = []  # told ``weights`` after every change
+
+    @property
+    def weights(self) -> str:
+        """Which weights the drafter runs: the adapter version's folder, or "none"."""
+        return str(self.current.path) if self.current is not None else "none"
 
     def use(self, loaded: store.LoadedAdapter | None) -> None:
         """Apply ``loaded`` (None: back to the base weights); checked before anything changes."""
@@ -46,6 +53,8 @@ class AdapterSlot(DecodeObserver):
         self.current = loaded
         self.drafter.head = head
         self.drafter.reset()
+        for listener in self.listeners:
+            listener(self.weights)
 
     def before_step(self) -> None:
         if self.source is not None:

@@ -66,6 +66,7 @@ MEASURE_KS = (0, 1, 2, 3, 4, 6, 8)  # proposals per measured verify (k + 1 new t
 MEASURE_CONTEXT = 128  # context tokens behind the measured evals
 EXPLORE_EVERY = 16  # a skipped step drafts anyway this often, when drafting could pay at all
 EXPLORE_MAX = 256  # ... and, after explorations that lost time, up to this rarely (doubling each time)
+KEEP_ON_NEW_WEIGHTS = 0.25  # share of the drafter's acceptance evidence kept when its adapter changes
 OPTIMISTIC_ACCEPTANCE = 0.9  # "could pay at all": the best case a real drafter reaches
 DRAFTER = "drafter"  # the model drafter's acceptance key (lookup keys: "context-4", "history-3", …)
 STATE_FORMAT = 2
@@ -80,8 +81,14 @@ class ConfidenceCalibration:
 
     def __init__(self, bins: int = 10, prior_strength: float = 4.0) -> None:
         self.bins = bins
-        self.accepted = [(b + 0.5) / bins * prior_strength for b in range(bins)]
-        self.tried = [prior_strength] * bins
+        self.prior = ([(b + 0.5) / bins * prior_strength for b in range(bins)], [prior_strength] * bins)
+        self.accepted, self.tried = list(self.prior[0]), list(self.prior[1])
+
+    def discount(self, keep: float) -> None:
+        """Keep the share ``keep`` of the outcomes counted on top of the prior."""
+        (prior_a, prior_t) = self.prior
+        self.accepted = [p + keep * (a - p) for a, p in zip(self.accepted, prior_a)]
+        self.tried = [p + keep * (t - p) for t, p in zip(self.tried, prior_t)]
 
     def _bin(self, q: float) -> int:
         return min(int(q * self.bins), self.bins - 1)
@@ -196,6 +203,7 @@ class CostPolicy:
         self.calibration = ConfidenceCalibration()
         self.explorations = {False: Exploration(), True: Exploration()}  # by source.free: the drafter, the lookups
         self.choices: dict[int, int] = {}  # the drafter's allowance -> steps (what the policy did)
+        self.weights: str | None = None  # the drafter's adapter version its statistics describe (None: unknown)
         self.path = path  # where the state is kept (None: in memory only)
         self._stop: CostAwareStop | None = None
 
@@ -273,7 +281,8 @@ class CostPolicy:
                 "read_s": self.read_cost.seconds_per_token if self.read_cost.known else None,
                 "stats": {"tried": self.stats.tried, "accepted": self.stats.accepted},
                 "lookup": {key: {"tried": st.tried, "accepted": st.accepted} for key, st in lookups.items()},
-                "calibration": {"tried": self.calibration.tried, "accepted": self.calibration.accepted}}
+                "calibration": {"tried": self.calibration.tried, "accepted": self.calibration.accepted},
+                "weights": self.weights}
 
     def restore(self, state: dict) -> bool:
         """Take a saved state; False (and nothing changed) for anything malformed."""
@@ -296,7 +305,21 @@ class CostPolicy:
             self.read_cost = DraftCost(float(read) if isinstance(read, (int, float)) and read > 0 else None, alpha=0.1)
             self.stats.tried, self.stats.accepted = tried, accepted
             self.calibration.tried, self.calibration.accepted = c_tried, c_accepted
+            weights = state.get("weights")
+            self.weights = weights if isinstance(weights, str) else None
         return ok
+
+    def drafter_weights(self, key: str) -> None:
+        """The drafter now runs the weights ``key`` names (an adapter version, or "none"). Evidence
+        about other weights (a trainer's earlier version, or none) says little about these: keep a
+        share of it, so the next outcomes dominate, and explore soon, so a drafter that training
+        made worth drafting is noticed within a few steps rather than after up to EXPLORE_MAX."""
+        if key == self.weights:
+            return
+        self.weights = key
+        self.stats.discount(KEEP_ON_NEW_WEIGHTS)
+        self.calibration.discount(KEEP_ON_NEW_WEIGHTS)
+        self.explorations[False] = Exploration()
 
     def _restore_lookup(self, saved: object) -> dict[str, AcceptanceStats]:
         """The per-source lookup statistics of a saved state; what is malformed is left out."""
