@@ -110,8 +110,8 @@ def main() -> None:
     pipe = load_pipeline(args.target, DRAFTER, adapter="none", cache=CacheOptions(enabled=False), quiet=True)
     cache = RecordCache(args.records, records_meta(pipe, 128, 64))
     preimages, _ = preimage_table(pipe.decoder.bridge)
-    stream = examples(pipe, args.set, slice_ranges(args.stream), cache, preimages)
-    held = [e for e in examples(pipe, args.set, slice_ranges(args.held_out), cache, preimages) if e is not None]
+    stream = examples(pipe, slice_ranges(args.stream, args.set), cache, preimages)
+    held = [e for e in examples(pipe, slice_ranges(args.held_out, args.set), cache, preimages) if e is not None]
     distiller = Distiller(models.load(DRAFTER, dtype="float32", progress=False)[0], pipe.decoder.bridge.dm_mask,
                           TrainConfig(**config))
     result = {"untrained": evaluate(distiller, held, args.draft_cost, gammas, confidences)}

@@ -7,9 +7,13 @@ accepted / proposed ≈ (a + a² + … + a^k) / k (README, "Does it learn?"). So
 compared on a, measured teacher-forced on the held-out records at the DM positions (no decoding),
 while each setting trains along the same stream in Algorithm 2's order.
 
-    .venv/bin/python scripts/online_proxy.py --target builtin:qwen2.5-coder-0.5b --set alpaca \\
+    .venv/bin/python -m omnidraft.experiments.online_proxy --target builtin:qwen2.5-coder-0.5b --set alpaca \\
         --stream 0:200 216:340 --held-out 200:216 --records bench_out/records.pt \\
         --configs '[{"lr": 1e-3}, {"lr": 1e-3, "epochs": 3}]' --out bench_out/proxy
+
+A range may name another set (``ja:0:100``), so one stream can visit several domains in turn, and
+``--also SET:LO:HI …`` measures held-out slices of other domains at every evaluation: what a
+later domain costs the ones learned before it (forgetting).
 
 Each config is TrainConfig fields plus "interval" (prompts per update, default 8) and "replay"
 (examples of earlier prompts re-trained at each update, default 0: not in the product, a probe). Records missing
@@ -17,7 +21,7 @@ from --records are decoded first (greedy, 128 new tokens, top-64) and saved ther
 proxy.json (per config: prompts streamed, held-out top-1 agreement at DM positions, and at every
 emitted drafter position; the DM agreement before and after the stream split by the target's
 confidence in its own greedy token, and the same on 16 stream prompts before and after training on
-them, to tell fitting from generalising) and proxy.png (the DM agreement against prompts streamed).
+them, to tell fitting from generalising; the --also slices' agreement along the stream) and proxy.png (the DM agreement against prompts streamed).
 """
 
 from __future__ import annotations
@@ -46,20 +50,26 @@ def fixed_k_acceptance(a: float, k: int) -> float:
     return sum(a ** i for i in range(1, k + 1)) / k
 
 
-def slice_ranges(specs: list[str]) -> list[tuple[int, int]]:
+def slice_ranges(specs: list[str], default_set: str) -> list[tuple[str, int, int]]:
+    """``LO:HI`` (a slice of ``default_set``) or ``SET:LO:HI`` per spec, as (set, lo, hi)."""
     out = []
     for spec in specs:
-        lo, hi = (int(x) for x in spec.split(":"))
-        if not 0 <= lo < hi:
-            raise SystemExit(f"bad range {spec!r}: want LO:HI with 0 <= LO < HI")
-        out.append((lo, hi))
+        *name, lo_s, hi_s = spec.split(":")
+        try:
+            lo, hi = int(lo_s), int(hi_s)
+        except ValueError:
+            raise SystemExit(f"bad range {spec!r}: want [SET:]LO:HI") from None
+        if not 0 <= lo < hi or len(name) > 1:
+            raise SystemExit(f"bad range {spec!r}: want [SET:]LO:HI with 0 <= LO < HI")
+        out.append((name[0] if name else default_set, lo, hi))
     return out
 
 
-def examples(pipe, name: str, ranges, cache: RecordCache, preimages) -> list:
+def examples(pipe, ranges: list[tuple[str, int, int]], cache: RecordCache, preimages) -> list:
     prompts = [encode_prompt(pipe.target_tokenizer, r.text, chat=r.chat)
-               for lo, hi in ranges for r in load_prompts(name, n=hi - lo, offset=lo)]
-    records = record_prompts(pipe.decoder, prompts, DecodeConfig(max_new_tokens=128), cache, desc=f"record {name}")
+               for name, lo, hi in ranges for r in load_prompts(name, n=hi - lo, offset=lo)]
+    names = "+".join(dict.fromkeys(name for name, _, _ in ranges))
+    records = record_prompts(pipe.decoder, prompts, DecodeConfig(max_new_tokens=128), cache, desc=f"record {names}")
     return [to_example(r, pipe.decoder.bridge, preimages) for r in records]
 
 
@@ -100,10 +110,13 @@ def print_buckets(title: str, rows: list[dict]) -> None:
           flush=True)
 
 
-def run_config(config: dict, stream: list, held: list, dm_mask: torch.Tensor, every: int
-               ) -> tuple[list[tuple[int, float, float]], dict[str, list[dict]]]:
+def run_config(config: dict, stream: list, held: list, dm_mask: torch.Tensor, every: int,
+               others: dict[str, list] | None = None
+               ) -> tuple[list[tuple[int, float, float]], dict[str, list[dict]], dict[str, list[tuple[int, float]]]]:
     """Held-out (prompts streamed, DM agreement, all-position agreement) at 0 and every ``every``
-    prompts, and the agreement by target confidence before and after the stream."""
+    prompts, the agreement by target confidence before and after the stream, and the all-position
+    agreement on each of ``others`` (held-out slices of other domains) at the same points: what
+    adapting to later parts of the stream costs the domains the adapter learned earlier."""
     config = dict(config)
     interval = config.pop("interval", 8)
     replay = config.pop("replay", 0)  # also re-train on the last N stream examples at each update
@@ -111,6 +124,8 @@ def run_config(config: dict, stream: list, held: list, dm_mask: torch.Tensor, ev
     curve = [(0, *agreement(distiller, held))]
     # Fitting or generalising? Agreement on 16 stream prompts, before and after training on them.
     seen_probe = [e for e in stream[:: max(1, len(stream) // 16)] if e is not None]
+    others = others or {}
+    kept = {name: [(0, agreement(distiller, held_other)[1])] for name, held_other in others.items()}
     buckets = {"before": by_confidence(distiller, held), "seen_before": by_confidence(distiller, seen_probe)}
     buffer: list = []
     seen: list = []
@@ -124,13 +139,18 @@ def run_config(config: dict, stream: list, held: list, dm_mask: torch.Tensor, ev
         if i % every == 0 or i == len(stream):
             curve.append((i, *agreement(distiller, held)))
             print(f"  {config} after {i}: held-out top-1 {curve[-1][1]:.3f} (DM), {curve[-1][2]:.3f} (all)", flush=True)
+            for name, held_other in others.items():
+                kept[name].append((i, agreement(distiller, held_other)[1]))
+                print(f"  {config} after {i}: {name} held-out top-1 (all) {kept[name][-1][1]:.3f}", flush=True)
     buckets |= {"after": by_confidence(distiller, held), "seen_after": by_confidence(distiller, seen_probe)}
+    for name, points in kept.items():
+        print(f"  {config}: {name} held-out top-1 (all) {points[0][1]:.3f} -> {points[-1][1]:.3f}", flush=True)
     for when, rows in buckets.items():
         print_buckets(f"{config} {when}", rows)
     print(f"  {config}: agreement on {len(seen_probe)} streamed (trained-on) prompts "
           f"{overall_agreement(buckets['seen_before']):.3f} -> {overall_agreement(buckets['seen_after']):.3f} (DM); "
           f"held-out {curve[0][1]:.3f} -> {curve[-1][1]:.3f}", flush=True)
-    return curve, buckets
+    return curve, buckets, kept
 
 
 def plot(path: Path, curves: dict[str, list], k: int) -> None:
@@ -161,29 +181,37 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--target", required=True)
     p.add_argument("--set", required=True, help="prompt set (humaneval, alpaca, …)")
-    p.add_argument("--stream", nargs="+", required=True, help="LO:HI ranges of the set, streamed in order")
-    p.add_argument("--held-out", nargs="+", required=True, help="LO:HI ranges, disjoint from the stream")
+    p.add_argument("--stream", nargs="+", required=True,
+                   help="[SET:]LO:HI ranges (of --set unless named), streamed in order")
+    p.add_argument("--held-out", nargs="+", required=True, help="[SET:]LO:HI ranges, disjoint from the stream")
+    p.add_argument("--also", nargs="*", default=[],
+                   help="SET:LO:HI held-out slices of other domains, measured before and after each config")
     p.add_argument("--records", type=Path, required=True)
     p.add_argument("--configs", default='[{"lr": 1e-3}]', help="JSON list of TrainConfig fields (+ interval)")
     p.add_argument("--every", type=int, default=40, help="evaluate every N prompts")
     p.add_argument("--k", type=int, default=4, help="draft length for the +50%% line on the plot")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args()
-    stream_r, held_r = slice_ranges(args.stream), slice_ranges(args.held_out)
-    if any(a < d and c < b for a, b in stream_r for c, d in held_r):
-        raise SystemExit("the held-out ranges overlap the stream")
+    stream_r, held_r = slice_ranges(args.stream, args.set), slice_ranges(args.held_out, args.set)
+    also_r = slice_ranges(args.also, args.set)
+    if any(s == h and a < d and c < b for s, a, b in stream_r for h, c, d in held_r + also_r):
+        raise SystemExit("a held-out range overlaps the stream")
     pipe = load_pipeline(args.target, DRAFTER, adapter="none", cache=CacheOptions(enabled=False), quiet=True)
     cache = RecordCache(args.records, records_meta(pipe, 128, 64))
     preimages, _ = preimage_table(pipe.decoder.bridge)
-    stream = examples(pipe, args.set, stream_r, cache, preimages)
-    held = [e for e in examples(pipe, args.set, held_r, cache, preimages) if e is not None]
-    runs = {json.dumps(c): run_config(c, stream, held, pipe.decoder.bridge.dm_mask, args.every)
+    stream = examples(pipe, stream_r, cache, preimages)
+    held = [e for e in examples(pipe, held_r, cache, preimages) if e is not None]
+    others = {f"{s}:{a}:{b}": [e for e in examples(pipe, [(s, a, b)], cache, preimages) if e is not None]
+              for s, a, b in also_r}
+    runs = {json.dumps(c): run_config(c, stream, held, pipe.decoder.bridge.dm_mask, args.every, others)
             for c in json.loads(args.configs)}
-    curves = {label: curve for label, (curve, _) in runs.items()}
+    curves = {label: curve for label, (curve, _, _) in runs.items()}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "proxy.json").write_text(json.dumps({"args": vars(args) | {"records": str(args.records), "out": str(args.out)},
                                                      "curves": curves,
-                                                     "by_confidence": {label: b for label, (_, b) in runs.items()}}, indent=1))
+                                                     "by_confidence": {label: b for label, (_, b, _) in runs.items()},
+                                                     "other_domains": {label: o for label, (_, _, o) in runs.items()}},
+                                                    indent=1))
     plot(args.out / "proxy.png", curves, args.k)
     print(f"wrote {args.out / 'proxy.json'}, {args.out / 'proxy.png'}")
 

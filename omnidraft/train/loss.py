@@ -8,7 +8,7 @@
   intersection, is pulled towards the target's by the *reverse* KL (mode-seeking: what greedy
   acceptance rewards).
 * At an n-gram sub-token (a target token that the drafter spells with n >= 2 tokens) only a point
-  value of p is known, so the drafter's own token gets a weighted NLL: λ constant (0.2 by default)
+  value of p is known, so the drafter's own token gets a weighted NLL: λ constant (TrainConfig's)
   or the verified target probability p(t) of the n-gram's token (§3.2, "point-wise KL").
 
 The target distribution is stored sparsely (see ``records.py``): its top-k tokens over the
