@@ -118,6 +118,11 @@ def plot(args: argparse.Namespace) -> None:
     ax1.grid(alpha=0.3)
     ax2.plot(turns, accept, marker="o", color="C2", label="acceptance per proposal")
     ax2.plot(turns, speedup, marker="^", color="C3", label="speedup vs the target alone")
+    # where the accepted tokens came from: the drafter model, or prompt lookup (free, not the adapter)
+    ax2.plot(turns, [o["stats"]["lookup_accepted"] / o["stats"]["new_tokens"] for o in ours], ls=":", color="C4",
+             label="share of tokens drafted by lookup")
+    ax2.plot(turns, [(o["stats"]["accepted_tokens"] - o["stats"]["lookup_accepted"]) / o["stats"]["new_tokens"]
+                     for o in ours], ls=":", marker=".", color="C1", label="share of tokens drafted by the drafter")
     for i in range(1, len(versions)):
         if versions[i] != versions[i - 1]:
             ax2.axvline(turns[i], color="grey", alpha=0.3)
@@ -129,6 +134,9 @@ def plot(args: argparse.Namespace) -> None:
     fig.tight_layout()
     fig.savefig(args.out, dpi=110)
     n = min(3, len(ours) // 2)
+    from_drafter = sum(o["stats"]["accepted_tokens"] - o["stats"]["lookup_accepted"] for o in ours)
+    print(f"tokens accepted from the drafter {from_drafter}, from lookup {sum(o['stats']['lookup_accepted'] for o in ours)}, "
+          f"of {sum(o['stats']['new_tokens'] for o in ours)} new tokens")
     print(f"wrote {args.out}; speedup first {n} turns {sum(speedup[:n]) / n:.2f}x, last {n} {sum(speedup[-n:]) / n:.2f}x; "
           f"acceptance {sum(accept[:n]) / n:.2f} -> {sum(accept[-n:]) / n:.2f}; adapter v{versions[0]} -> v{versions[-1]}")
 

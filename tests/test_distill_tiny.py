@@ -56,7 +56,8 @@ def test_span_weight_and_divergence_are_validated():
 def test_each_divergence_trains_the_drafter_towards_p():
     examples = [_example(s) for s in range(4)]
     for divergence in ("reverse-kl", "forward-kl", "tvd"):
-        distiller = _distiller(divergence=divergence)
+        # the DM term alone: with λ = 1 the n-gram NLL's gradient can outweigh TVD's small one
+        distiller = _distiller(divergence=divergence, loss="dm")
         before = distiller.evaluate(examples).dm_kl
         for _ in range(3):
             distiller.update(examples)
