@@ -15,6 +15,7 @@ from omnidraft.verify import DEFAULT_SAMPLING_RULE, RULES, VERIFIERS, rule_info
 TRANSLATIONS = ("auto", "text", "tokens")
 DRAFT_STOPS = ("auto", "head", "confidence", "fixed")
 ENGINES = ("auto", "torch", "llamacpp")  # auto: llama.cpp for GGUF targets when installed, else torch
+DEVICES = ("auto", "cpu", "cuda")  # where a torch target runs; auto: the GPU when torch sees one
 # (a grpc:// or grpcs:// target runs on a server: its engine is the server's)
 DRAFTER_DTYPES = ("float32", "bfloat16", "int8")
 DEFAULT_DRAFTER_DTYPE = "bfloat16"  # fastest eager drafter on CPU that `omnidraft bench` found (docs/performance.md)
@@ -99,5 +100,5 @@ def default_rule(temperature: float) -> str:
     return DEFAULT_SAMPLING_RULE
 
 
-__all__ = ["DEFAULT_DRAFTER_DTYPE", "DRAFTER_DTYPES", "DRAFT_STOPS", "ENGINES", "INT8_NO_ADAPTER", "TRANSLATIONS", "VERIFIERS",
+__all__ = ["DEFAULT_DRAFTER_DTYPE", "DEVICES", "DRAFTER_DTYPES", "DRAFT_STOPS", "ENGINES", "INT8_NO_ADAPTER", "TRANSLATIONS", "VERIFIERS",
            "DecodeConfig", "default_rule"]

@@ -135,7 +135,7 @@ def install(model: torch.nn.Module, transposed_head: bool = False) -> torch.nn.M
     """
     head = model.get_output_embeddings()
     for module in model.modules():
-        if type(module) is torch.nn.Linear and module.weight.dtype == torch.float32:
+        if type(module) is torch.nn.Linear and module.weight.dtype == torch.float32 and module.weight.device.type == "cpu":
             module._omnidraft_wt = None  # made on first use by _transposed_weight
             module._omnidraft_keeps_t = transposed_head and module is head
             module.forward = types.MethodType(_skinny_forward, module)

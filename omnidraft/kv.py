@@ -64,6 +64,10 @@ class CachedLM:
         self._cache_kw = cache_keyword(model)
         self.reset()
 
+    def session(self) -> CachedLM:
+        """Another cache over the same model."""
+        return CachedLM(self.model)
+
     def reset(self) -> None:
         self.cache = DynamicCache()
         self.cached_ids: list[int] = []

@@ -21,6 +21,7 @@ from omnidraft.adapter import store as adapters
 from omnidraft.adapter.slot import AdapterSlot
 from omnidraft.config import (
     DEFAULT_DRAFTER_DTYPE,
+    DEVICES,
     DRAFTER_DTYPES,
     ENGINES,
     INT8_NO_ADAPTER,
@@ -34,7 +35,8 @@ from omnidraft.home import home_dir
 from omnidraft.kv import output_vocab_size
 from omnidraft.ngram.trie import NgramCache, NgramTrie
 from omnidraft.sources.history import LookupHistory, open_history
-from omnidraft.target import Target, TorchTarget
+from omnidraft.target import Target, static
+from omnidraft.target.torch_target import resolve_device, torch_target
 from omnidraft.vocab.bridge import VocabBridge
 from omnidraft.identity import pair_slug, vocab_fingerprint
 
@@ -74,24 +76,50 @@ class RemoteOptions:
     protocol: str = "stream"  # a stream per request (streaming verification), or one Verify per step
 
 
-def resolve_engine(spec: str, engine: str, dtype: str = "float32") -> str:
-    """``auto``: llama.cpp for a GGUF target (a builtin or a .gguf file) when llama-cpp-python is
-    installed and no torch dtype was asked for (its quantized CPU kernels run them faster than our
-    fp32 torch engine, docs/performance.md has the numbers), else torch."""
+def resolve_engine(spec: str, engine: str, dtype: str | None = None, device: str = "cpu") -> str:
+    """``auto``: on a GPU the torch engine (``torch-cuda``); on the CPU llama.cpp for a GGUF target (a
+    builtin or a .gguf file) when llama-cpp-python is installed and no torch dtype was asked for (its
+    quantized CPU kernels run them faster than our fp32 torch engine, docs/performance.md has the
+    numbers), else torch."""
     if engine not in ENGINES:
         raise OmnidraftError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
     if spec.startswith(("grpc://", "grpcs://")):
         return "remote"
+    if device == "cuda":
+        if engine == "llamacpp":
+            raise OmnidraftError("--device cuda runs the torch engine (llama.cpp here is a CPU build); "
+                                 "drop --engine llamacpp or use --device cpu")
+        return "torch-cuda"
     if engine != "auto":
         return engine
     gguf = models.builtin(spec) is not None or models.is_gguf_file(spec)
-    return "llamacpp" if gguf and dtype == "float32" and llama_cpp_installed() else "torch"
+    return "llamacpp" if gguf and dtype in (None, "float32") and llama_cpp_installed() else "torch"
 
 
-def load_target(spec: str, engine: str = "auto", *, home=None, dtype: str = "float32", quiet: bool = False,
-                remote: RemoteOptions | None = None) -> tuple[Target, torch.nn.Module | None, str]:
-    """(target, its torch model or None, the engine that runs it)."""
-    engine = resolve_engine(spec, engine, dtype)
+def target_device(spec: str, device: str) -> str:
+    """``auto|cpu|cuda`` → ``cpu`` or ``cuda`` (a remote target: ``cpu``, the server places it), refusing
+    a GPU torch cannot see."""
+    if spec.startswith(("grpc://", "grpcs://")):
+        return "cpu"
+    if device not in DEVICES:
+        raise OmnidraftError(f"unknown device {device!r}; choose one of {', '.join(DEVICES)}")
+    resolved = resolve_device(device)
+    if resolved == "cuda" and not torch.cuda.is_available():
+        raise OmnidraftError("--device cuda: torch sees no CUDA device on this machine (torch.cuda.is_available() "
+                             "is false); use --device cpu")
+    return resolved
+
+
+def load_target(spec: str, engine: str = "auto", *, home=None, dtype: str | None = None, quiet: bool = False,
+                remote: RemoteOptions | None = None, device: str = "auto",
+                context: int | None = None) -> tuple[Target, torch.nn.Module | None, str]:
+    """(target, its torch model or None, the engine that runs it).
+
+    ``dtype`` None: float32 on the CPU, bfloat16 on a GPU. ``context``: positions of the GPU engine's
+    static cache per session (default ``static.DEFAULT_CONTEXT``)."""
+    device = target_device(spec, device)
+    engine = resolve_engine(spec, engine, dtype, device)
+    dtype = dtype or ("bfloat16" if device == "cuda" else "float32")
     if engine == "remote":
         from omnidraft.rpc.client import RemoteTarget
 
@@ -109,7 +137,7 @@ def load_target(spec: str, engine: str = "auto", *, home=None, dtype: str = "flo
         tokenizer = models.load_tokenizer(spec, home, progress=not quiet)
         return LlamaCppTarget(gguf, tokenizer), None, engine
     model, tokenizer = models.load(spec, home=home, dtype=dtype, progress=not quiet)
-    return TorchTarget(model, tokenizer), model, engine
+    return torch_target(model, tokenizer, device, context or static.DEFAULT_CONTEXT), model, engine
 
 
 def make_drafter(drafter_model: torch.nn.Module, bridge: VocabBridge, target: Target, dtype: str = "float32") -> Drafter:
@@ -152,10 +180,10 @@ def open_lookup_history(target_tok, options: CacheOptions, home=None) -> LookupH
         return None
 
 
-def load_pipeline(target_spec: str, drafter_spec: str | None, *, home=None, dtype: str = "float32",
+def load_pipeline(target_spec: str, drafter_spec: str | None, *, home=None, dtype: str | None = None,
                   drafter_dtype: str | None = None, cache: CacheOptions | None = None, quiet: bool = False,
                   adapter: str = "auto", engine: str = "auto", remote: RemoteOptions | None = None,
-                  drafter_backend: str = "auto") -> Pipeline:
+                  drafter_backend: str = "auto", device: str = "auto") -> Pipeline:
     """Load target (and drafter unless None/'none') and wire bridge, n-gram cache, drafter, decoder.
 
     ``adapter``: "auto" uses the pair's LoRA adapter under ``<home>/adapters/`` if one was
@@ -173,8 +201,9 @@ def load_pipeline(target_spec: str, drafter_spec: str | None, *, home=None, dtyp
     if drafting and adapter not in ("auto", "none"):
         precheck_adapter(adapter, drafter_dtype)  # a bad path fails now, not after a minute of loading
     if not quiet:
-        notice(f"loading target {target_spec} ({resolve_engine(target_spec, engine, dtype)})")
-    target, target_model, engine = load_target(target_spec, engine, home=home, dtype=dtype, quiet=quiet, remote=remote)
+        notice(f"loading target {target_spec} ({resolve_engine(target_spec, engine, dtype, target_device(target_spec, device))})")
+    target, target_model, engine = load_target(target_spec, engine, home=home, dtype=dtype, quiet=quiet, remote=remote,
+                                               device=device)
     target_tok = target.tokenizer
     if not drafting:
         return Pipeline(SpeculativeDecoder(target), target_spec, None, target_model, None, engine=engine)

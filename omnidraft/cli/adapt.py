@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
     if not prompts:
         raise OmnidraftError(f"--stream {args.stream} has no prompts at offset {args.offset}")
     _check_writable(args)  # before a minute of loading; OnlineLearning takes the lock for real
-    pipe = load_pipeline(args.target, args.drafter, dtype=args.dtype, drafter_dtype=args.drafter_dtype,
+    pipe = load_pipeline(args.target, args.drafter, dtype=args.dtype, device=args.device, drafter_dtype=args.drafter_dtype,
                          cache=cache_options(args), quiet=args.json, adapter=args.adapter, engine=args.engine,
                          remote=remote_options(args), drafter_backend=args.drafter_backend)
     learner = OnlineLearning(pipe, tcfg, save_to=args.save_to, nice=0)

@@ -165,7 +165,7 @@ def load_for_bench(args: argparse.Namespace, adapter: str | None = None, modes: 
     remote = args.target.startswith(("grpc://", "grpcs://"))
     llama_only = bool(modes) and all(m in LLAMA_MODES for m in modes)
     engine = "auto" if remote else ("llamacpp" if llama_only else "torch")
-    return load_pipeline(args.target, args.drafter, dtype=args.dtype, drafter_dtype=args.drafter_dtype,
+    return load_pipeline(args.target, args.drafter, dtype=args.dtype, device=args.device, drafter_dtype=args.drafter_dtype,
                          cache=CacheOptions(enabled=False), adapter=adapter or args.adapter,
                          engine=engine, remote=remote_options(args),
                          # the plain modes keep the eager drafter unless told; the -onnx modes add the export

@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
                              f"--max-new-tokens {config.max_new_tokens}")
     tcfg = train_config(args)
     check_adaptable(args, training=not args.no_train)
-    loader = partial(_load, load_pipeline, drafter=args.drafter, dtype=args.dtype, adapter=args.adapter,
+    loader = partial(_load, load_pipeline, drafter=args.drafter, dtype=args.dtype, device=args.device, adapter=args.adapter,
                      drafter_dtype=args.drafter_dtype, cache=cache_options(args), engine=args.engine,
                      remote=remote_options(args), drafter_backend=args.drafter_backend)
     session = ChatSession(loader(args.target), loader, config, system=args.system,

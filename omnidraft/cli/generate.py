@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     config = decode_config(args)
     check_adaptable(args, training=False)
     prompt = prompt_text(args)
-    pipe = load_pipeline(args.target, args.drafter, dtype=args.dtype, drafter_dtype=args.drafter_dtype,
+    pipe = load_pipeline(args.target, args.drafter, dtype=args.dtype, device=args.device, drafter_dtype=args.drafter_dtype,
                          cache=cache_options(args), quiet=args.json, adapter=args.adapter, engine=args.engine,
                          remote=remote_options(args), drafter_backend=args.drafter_backend)
     prompt_ids = encode_prompt(pipe.target_tokenizer, prompt, chat=args.chat)

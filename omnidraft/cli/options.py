@@ -16,6 +16,7 @@ from typing import Any
 
 from omnidraft.config import (
     DEFAULT_DRAFTER_DTYPE,
+    DEVICES,
     DRAFT_STOPS,
     DRAFTER_DTYPES,
     ENGINES,
@@ -133,8 +134,12 @@ def add_model_options(parser: argparse.ArgumentParser, *, target: bool = True, d
                        help="what runs the target: llamacpp (GGUF models, the builtins; fast on CPU), torch (any "
                             "transformers model; memory-bound, where drafting pays most); auto: llamacpp for GGUF "
                             "targets when llama-cpp-python is installed")
-        g.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
-                       help="target precision on the torch engine (bfloat16 implies --engine torch under auto)")
+        g.add_argument("--dtype", choices=("float32", "bfloat16"), default=None,
+                       help="target precision on the torch engine (default: float32 on the CPU, bfloat16 on a GPU; "
+                            "bfloat16 implies --engine torch under auto)")
+        g.add_argument("--device", choices=DEVICES, default="auto",
+                       help="where the torch engine runs the target: cuda (bfloat16, a static KV cache and CUDA "
+                            "graphs), cpu, or auto: the GPU when torch sees one")
         r = parser.add_argument_group("remote target (--target grpc://HOST:PORT or grpcs://HOST:PORT)")
         r.add_argument("--token-file", default=None, help="file holding the server's token (default: $OMNIDRAFT_TOKEN)")
         r.add_argument("--deadline", type=number(0, 3600, low_open=True), default=30.0,

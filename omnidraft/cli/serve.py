@@ -8,7 +8,7 @@ import threading
 from pathlib import Path
 
 from omnidraft.cli.options import COUNT, integer, text
-from omnidraft.config import ENGINES
+from omnidraft.config import DEVICES, ENGINES
 from omnidraft.console import notice
 from omnidraft.errors import OmnidraftError
 
@@ -19,7 +19,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "--target grpc://HOST:PORT; verification runs here, only token ids cross the wire.")
     p.add_argument("--target", type=text, default="builtin:qwen2.5-coder-0.5b", help="the model to serve")
     p.add_argument("--engine", choices=ENGINES, default="auto", help="what runs it (as for generate)")
-    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="precision on the torch engine")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default=None,
+                   help="precision on the torch engine (default: float32 on the CPU, bfloat16 on a GPU)")
+    p.add_argument("--device", choices=DEVICES, default="auto",
+                   help="where the torch engine runs: cuda (bfloat16, a static KV cache per session and CUDA "
+                        "graphs), cpu, or auto: the GPU when torch sees one")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default loopback only)")
     p.add_argument("--port", type=integer(0, 65535), default=50551, help="port (0: any free one; default 50551)")
     p.add_argument("--max-sessions", type=COUNT, default=8, help="sessions (KV caches) kept, least recently used go first")
@@ -54,9 +58,10 @@ def run(args: argparse.Namespace) -> int:
         raise OmnidraftError("serve runs a model here: give a builtin, a folder or a .gguf file, not another server")
     token, tls = read_token(args.token_file), _tls(args)
     models.check_spec(args.target)
-    target, _, engine = load_target(args.target, args.engine, dtype=args.dtype)
-    if hasattr(target, "warm_up"):  # torch: its kernels are chosen by timing, before any client shares the cores
-        notice(f"timing the verify kernels once (draft lengths 0-{min(args.max_draft, LOOKUP_MAX)}) …")
+    target, _, engine = load_target(args.target, args.engine, dtype=args.dtype, device=args.device,
+                                    context=args.max_context)
+    if hasattr(target, "warm_up"):  # torch: kernels chosen by timing (CPU) or captured (GPU) before clients come
+        notice(f"preparing the verify kernels once (draft lengths 0-{min(args.max_draft, LOOKUP_MAX)}) …")
         target.warm_up(min(args.max_draft, LOOKUP_MAX))
     builtin = models.builtin(args.target)
     served = serve(target, args.target, engine, host=args.host, port=args.port, token=token, tls=tls,

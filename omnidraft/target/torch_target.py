@@ -6,31 +6,62 @@ from collections.abc import Sequence
 
 import torch
 
+from omnidraft.console import warn
 from omnidraft.kv import CachedLM, max_positions_of
+from omnidraft.target import static
 from omnidraft.target.base import eos_ids_of
 
 
 class TorchTarget:
-    """:class:`~omnidraft.target.base.Target` over an eager torch model with a KV cache."""
+    """:class:`~omnidraft.target.base.Target` over a torch model with a KV cache: the eager engine
+    (``kv.CachedLM``), or the static-shape engine with CUDA graphs on a GPU (``static.StaticLM``)."""
 
-    def __init__(self, model: torch.nn.Module, tokenizer) -> None:
-        self.lm = CachedLM(model)
+    def __init__(self, model: torch.nn.Module, tokenizer, lm: CachedLM | static.StaticLM | None = None) -> None:
+        self.lm = lm if lm is not None else CachedLM(model)
         self.model = model
         self.tokenizer = tokenizer
         self.vocab_size = self.lm.vocab_size
         self.eos_ids = eos_ids_of(model, tokenizer)
-        self.max_context = max_positions_of(model)
+        self.max_context = getattr(self.lm, "max_context", None) or max_positions_of(model)
 
     def score(self, ids: Sequence[int], num_proposed: int) -> torch.Tensor:
         return self.lm.logits_for(ids, keep=num_proposed + 1)
 
     def session(self) -> TorchTarget:
         """Another target over the same weights with a KV cache of its own (the gRPC server's sessions)."""
-        return TorchTarget(self.model, self.tokenizer)
+        return TorchTarget(self.model, self.tokenizer, self.lm.session())
 
     def reset(self) -> None:
         self.lm.reset()
 
+    def trim(self, length: int) -> None:
+        """Keep the first ``length`` cached tokens (``base.settle_cache``): on the static engine the
+        last token of a request must be read again by the next, in the class the target alone reads it."""
+        self.lm.crop(length)
+
     def warm_up(self, max_proposals: int) -> None:
-        """Run a verify of every draft length up to ``max_proposals`` once (see ``CachedLM.warm_up``)."""
+        """Prepare the kernels of every draft length up to ``max_proposals`` before requests arrive."""
         self.lm.warm_up(max_proposals + 1)
+
+
+def resolve_device(device: str) -> str:
+    """``auto``: the GPU when torch sees one, else the CPU."""
+    if device not in ("auto", "cpu", "cuda"):
+        raise ValueError(f"unknown device {device!r}")
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+def torch_target(model: torch.nn.Module, tokenizer, device: str = "cpu",
+                 context: int = static.DEFAULT_CONTEXT) -> TorchTarget:
+    """The target on ``device``: on a GPU the static engine when the architecture allows it (else the
+    eager model moved there), on the CPU the eager engine with its measured kernels."""
+    if device != "cuda":
+        return TorchTarget(model, tokenizer)
+    reason = static.unsupported_reason(model)
+    if reason is None:
+        weights = static.extract(model, "cuda", next(model.parameters()).dtype)
+        return TorchTarget(model, tokenizer, static.StaticLM(weights, context))
+    warn(f"the GPU engine does not run this model ({reason}): running it eagerly on the GPU, without CUDA graphs")
+    return TorchTarget(model.to("cuda"), tokenizer)
