@@ -28,6 +28,8 @@ from contextlib import contextmanager
 import torch
 import torch.nn.functional as F
 
+from omnidraft import kernels
+
 SKINNY_MAX_ROWS = 64  # above this a regular GEMM is as good (prefill)
 _state = threading.local()
 
@@ -42,18 +44,18 @@ def enabled() -> Iterator[None]:
         _state.on = previous
 
 
-Kernel = Callable[[torch.nn.Linear, torch.Tensor], torch.Tensor]  # (layer, rows x in) -> rows x out
+Kernel = Callable[[torch.nn.Linear, torch.Tensor, torch.Tensor], torch.Tensor]  # (layer, weight, rows x in) -> rows x out
 
 
-def _f_linear(layer: torch.nn.Linear, flat: torch.Tensor) -> torch.Tensor:
-    return F.linear(flat, layer.weight)
+def _f_linear(layer: torch.nn.Linear, weight: torch.Tensor, flat: torch.Tensor) -> torch.Tensor:
+    return F.linear(flat, weight)
 
 
-def _weights_first(layer: torch.nn.Linear, flat: torch.Tensor) -> torch.Tensor:
-    return torch.mm(layer.weight, flat.t()).t().contiguous()
+def _weights_first(layer: torch.nn.Linear, weight: torch.Tensor, flat: torch.Tensor) -> torch.Tensor:
+    return torch.mm(weight, flat.t()).t().contiguous()
 
 
-def _transposed(layer: torch.nn.Linear, flat: torch.Tensor) -> torch.Tensor:
+def _transposed(layer: torch.nn.Linear, weight: torch.Tensor, flat: torch.Tensor) -> torch.Tensor:
     return flat @ _transposed_weight(layer)
 
 
@@ -71,46 +73,68 @@ def _transposed_weight(layer: torch.nn.Linear) -> torch.Tensor | None:
     return layer._omnidraft_wt
 
 
-def _two_rows(layer: torch.nn.Linear, flat: torch.Tensor) -> torch.Tensor:
+def _two_rows(layer: torch.nn.Linear, weight: torch.Tensor, flat: torch.Tensor) -> torch.Tensor:
     """One row computed as two: torch may send a one-column product to a GEMV that runs
     single-threaded, while a two-column product uses every core."""
-    return torch.mm(layer.weight, torch.cat([flat, flat]).t())[:, :1].t().contiguous()
+    return torch.mm(weight, torch.cat([flat, flat]).t())[:, :1].t().contiguous()
 
 
-_EVICT_BYTES = 256 * 2**20  # more than any CPU's last-level cache
+def _native(tiled: bool) -> Kernel:
+    """The one-pass kernel of ``omnidraft.kernels`` in one of its two layouts (same bits)."""
+    def run(layer: torch.nn.Linear, weight: torch.Tensor, flat: torch.Tensor) -> torch.Tensor:
+        return kernels.linear_rows()(flat.contiguous(), weight.contiguous(), tiled)
+    run.__name__ = f"_native_{'tiled' if tiled else 'rowwise'}"
+    return run
 
 
-def _evict_caches(buffer: torch.Tensor) -> None:
-    """Write a buffer larger than the CPU caches, so the next timing reads its weights from memory,
-    as a decode step does (a model's weights do not fit in cache). Timed hot, a single-threaded
-    one-row product can look as fast as the two-row one that uses every core, and the slower
-    kernel would be chosen for every plain step."""
-    buffer.fill_(1.0)
+_NATIVE = (_native(True), _native(False))
+_NATIVE_MAX_ROWS = 16
+_COLD_BYTES = 128 * 2**20  # more than a CPU's last-level cache: weights read from memory, as in a decode step
+
+
+def _candidates(layer: torch.nn.Linear, flat: torch.Tensor, has_t: bool) -> list[Kernel]:
+    rows = flat.shape[0]
+    out = [_f_linear, _weights_first] + ([_transposed] if has_t else []) + ([_two_rows] if rows == 1 else [])
+    if rows <= _NATIVE_MAX_ROWS and flat.dtype == torch.float32 and kernels.linear_rows() is not None:
+        out += list(_NATIVE)
+    return out
+
+
+def _timing_weights(layer: torch.nn.Linear, has_t: bool) -> list[torch.Tensor]:
+    """Weights to time the candidates on, so that each call reads its weights from memory as a
+    decode step does (a model's weights do not fit in cache; timed hot, a compute-bound kernel looks
+    as fast as a memory-bound one, and the slower kernel would be chosen). A weight larger than the
+    cache is its own cold copy; a smaller one is timed on enough same-shaped copies, in turn, that
+    each call finds its copy evicted. A layer with a transposed copy, and a weight under 1 MiB (its
+    cost is small whatever the kernel), are timed on their own weight."""
+    weight = layer.weight
+    size = weight.numel() * weight.element_size()
+    if has_t or size >= _COLD_BYTES // 2 or size < 2**20:
+        return [weight]
+    return [torch.ones_like(weight) for _ in range(min(64, -(-_COLD_BYTES // size)))]
 
 
 _CHOICE: dict[tuple, Kernel] = {}  # (out, in, rows, dtype, has transposed copy) -> fastest
 
 
 def _choose(layer: torch.nn.Linear, flat: torch.Tensor) -> Kernel:
-    """The fastest kernel for this weight shape and row count, timed once per process (best of 3
-    after a warm-up run; a few ms per shape, paid on the first verify of each draft length)."""
+    """The fastest kernel for this weight shape and row count, timed once per process with the
+    weights cold (best of 3 after a warm-up; tens of ms per shape, paid on the first verify of each
+    draft length, or in ``warm_up``)."""
     has_t = _transposed_weight(layer) is not None
     key = (*layer.weight.shape, flat.shape[0], flat.dtype, has_t)
     kernel = _CHOICE.get(key)
     if kernel is None:
-        candidates = [_f_linear, _weights_first] + ([_transposed] if has_t else []) + (
-            [_two_rows] if flat.shape[0] == 1 else [])
+        candidates = _candidates(layer, flat, has_t)
+        weights = _timing_weights(layer, has_t)
         for candidate in candidates:  # warm-up
-            candidate(layer, flat)
+            candidate(layer, weights[0], flat)
         timings = [float("inf")] * len(candidates)
-        # one-row products (a plain decode step) are timed with cold caches; the buffer lives only here
-        scratch = torch.empty(_EVICT_BYTES // 4, dtype=torch.float32) if flat.shape[0] == 1 else None
         for _ in range(3):  # best of 3, interleaved so a noisy moment does not pick one kernel's time
             for i, candidate in enumerate(candidates):
-                if scratch is not None:
-                    _evict_caches(scratch)
                 start = time.perf_counter()
-                candidate(layer, flat)
+                for weight in weights:
+                    candidate(layer, weight, flat)
                 timings[i] = min(timings[i], time.perf_counter() - start)
         kernel = _CHOICE[key] = candidates[timings.index(min(timings))]
     return kernel
@@ -121,7 +145,7 @@ def _skinny_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     if not getattr(_state, "on", False) or x.dtype != self.weight.dtype or not 1 <= rows <= SKINNY_MAX_ROWS:
         return F.linear(x, self.weight, self.bias)
     flat = x.reshape(-1, x.shape[-1])
-    out = _choose(self, flat)(self, flat)
+    out = _choose(self, flat)(self, self.weight, flat)
     if self.bias is not None:
         out = out + self.bias
     return out.reshape(*x.shape[:-1], out.shape[-1])

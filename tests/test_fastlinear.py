@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 import torch
 from tiny import tiny_pair
 
-from omnidraft import fastlinear
+from omnidraft import fastlinear, kernels
 from omnidraft.config import DecodeConfig
 from omnidraft.errors import OmnidraftError
 
@@ -58,11 +60,13 @@ def test_every_candidate_kernel_computes_f_linear_and_the_choice_is_kept(rows):
     model = fastlinear.install(Tiny(), transposed_head=True)
     x = torch.randn(rows, 32)
     expected = torch.nn.functional.linear(x, model.head.weight)
-    kernels = (fastlinear._f_linear, fastlinear._weights_first, fastlinear._transposed) + (
-        (fastlinear._two_rows,) if rows == 1 else ())
-    for kernel in kernels:
-        torch.testing.assert_close(kernel(model.head, x), expected, rtol=1e-5, atol=1e-5)
-        assert kernel(model.head, x).shape == expected.shape
+    candidates = fastlinear._candidates(model.head, x, has_t=True)
+    assert {fastlinear._f_linear, fastlinear._weights_first, fastlinear._transposed} <= set(candidates)
+    assert (fastlinear._two_rows in candidates) == (rows == 1)
+    assert (fastlinear._NATIVE[0] in candidates) == (kernels.linear_rows() is not None)
+    for kernel in candidates:
+        torch.testing.assert_close(kernel(model.head, model.head.weight, x), expected, rtol=1e-5, atol=1e-5)
+        assert kernel(model.head, model.head.weight, x).shape == expected.shape
     chosen = fastlinear._choose(model.head, x)
     assert fastlinear._choose(model.head, x) is chosen is fastlinear._CHOICE[(50, 32, rows, torch.float32, True)]
 
@@ -73,13 +77,13 @@ def test_the_transposed_copy_follows_a_changed_weight():
     torch.manual_seed(2)
     model = fastlinear.install(Tiny(), transposed_head=True)
     x = torch.randn(1, 32)
-    torch.testing.assert_close(fastlinear._transposed(model.head, x), torch.nn.functional.linear(x, model.head.weight))
+    torch.testing.assert_close(fastlinear._transposed(model.head, model.head.weight, x), torch.nn.functional.linear(x, model.head.weight))
     with torch.no_grad():
         model.head.weight.add_(1.0)  # an in-place merge
-    torch.testing.assert_close(fastlinear._transposed(model.head, x), torch.nn.functional.linear(x, model.head.weight))
+    torch.testing.assert_close(fastlinear._transposed(model.head, model.head.weight, x), torch.nn.functional.linear(x, model.head.weight))
     model.to(torch.bfloat16)
     xb = x.to(torch.bfloat16)
-    got = fastlinear._transposed(model.head, xb)
+    got = fastlinear._transposed(model.head, model.head.weight, xb)
     assert got.dtype == torch.bfloat16
     torch.testing.assert_close(got, torch.nn.functional.linear(xb, model.head.weight), rtol=2e-2, atol=2e-2)
     with fastlinear.enabled():  # the whole path, timing and all, at the new dtype
@@ -109,3 +113,27 @@ def test_a_warm_up_chooses_the_kernels_of_every_verify_length_and_leaves_the_cac
     assert set(range(1, 7)) <= rows_chosen  # 0..5 proposals: 1..6 rows, plus the 4-token prefix
     assert target.lm.cached_ids == []
     torch.testing.assert_close(target.score(prompt, 0), before, rtol=1e-5, atol=1e-5)
+
+
+def test_the_native_kernel_is_built_where_the_cpu_can_run_it():
+    """Set-up builds it (python -m omnidraft.kernels); a machine with AVX2 and a compiler that runs
+    without it has lost the fast verify path silently."""
+    if kernels.unsupported_reason() is None and shutil.which("c++"):
+        assert kernels.linear_rows() is not None, f"no build under {kernels.build_dir()}"
+    elif kernels.unsupported_reason() is not None:
+        assert kernels.linear_rows() is None
+
+
+@pytest.mark.parametrize("tiled", [True, False])
+def test_the_native_kernel_gives_a_row_the_same_bits_whatever_the_row_count(tiled):
+    linear_rows = kernels.linear_rows()
+    if linear_rows is None:
+        assert kernels.unsupported_reason() is not None
+        return
+    torch.manual_seed(3)
+    w, x = torch.randn(300, 901), torch.randn(19, 901)  # 901: a scalar tail after the 8-wide lanes
+    together = linear_rows(x, w, tiled)
+    torch.testing.assert_close(together, torch.nn.functional.linear(x, w), rtol=1e-4, atol=1e-4)
+    assert torch.equal(together, linear_rows(x, w, not tiled))
+    for i in range(19):
+        assert torch.equal(linear_rows(x[i:i + 1].contiguous(), w, tiled), together[i:i + 1])

@@ -231,7 +231,7 @@ class StaticLM:
         self.weights = weights
         self.max_context = min(max_context, weights.max_positions)
         self.spare = self.max_context  # the padding rows' slot: beyond every real position
-        slots = self.max_context + 1
+        slots = -(-(self.max_context + 1) // 64) * 64  # a multiple of 64: odd GEMM strides take slow kernels
         w = weights
         shape = (len(w.layers), w.n_kv_heads, slots, w.head_dim)
         self.cache_k = torch.zeros(shape, dtype=w.embed.dtype, device=w.device)

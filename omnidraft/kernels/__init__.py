@@ -1,0 +1,102 @@
+"""Native kernels, compiled once per machine by the set-up step; everything works without them.
+
+``linear_rows(x, w)``: a float32 Linear product for a few rows in one pass over the weights
+(``skinny.cpp``, AVX2 + FMA). On CPUs where torch's MKL takes its AVX2 path, GEMMs of 2-8 rows are
+compute-bound: two rows cost 1.5-1.8x one although the weights are read once either way, so a
+verify of one proposal cost 1.3-1.9 plain steps on the torch target. This kernel reads each weight
+row once for up to 8 input rows, and a row's result is bit-identical whatever the row count.
+``fastlinear`` offers it as one more candidate and keeps it only where it times fastest.
+
+It is built by ``python -m omnidraft.kernels`` (``scripts/setup.sh`` runs it: ~1 min, needs a C++
+compiler and ninja) into ``~/.cache/omnidraft/kernels/<tag>``, the tag naming the source, torch and
+Python versions. A run never compiles: :func:`linear_rows` returns None when no build for this
+tag exists, the CPU lacks AVX2/FMA or ``OMNIDRAFT_NATIVE_KERNELS=0`` is set, and the torch
+kernels are used.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import platform
+import sys
+from functools import cache
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+SOURCE = Path(__file__).with_name("skinny.cpp")
+FLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp"]  # OpenMP: at::parallel_for runs serially without it
+
+
+def _tag() -> str:
+    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode()).hexdigest()[:12]
+    version = torch.__version__.replace("+", "_").replace(".", "_")
+    return f"skinny_{digest}_torch{version}_py{sys.version_info.major}{sys.version_info.minor}"
+
+
+def build_dir() -> Path:
+    root = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(root) / "omnidraft" / "kernels" / _tag()
+
+
+def unsupported_reason() -> str | None:
+    """Why the kernel cannot run on this machine, or None."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return f"not an x86-64 CPU ({platform.machine()})"
+    if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
+        return f"the CPU lacks AVX2 (torch reports {torch.backends.cpu.get_cpu_capability()})"
+    return None
+
+
+def build(verbose: bool = False):
+    """Compile the kernel for this machine (the set-up step); returns the module."""
+    from torch.utils.cpp_extension import load
+
+    folder = build_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    return load(name=_tag(), sources=[str(SOURCE)], extra_cflags=FLAGS, extra_ldflags=["-fopenmp"],
+                build_directory=str(folder), verbose=verbose)
+
+
+@cache
+def _module():
+    if os.environ.get("OMNIDRAFT_NATIVE_KERNELS") == "0" or unsupported_reason() is not None:
+        return None
+    library = build_dir() / f"{_tag()}.so"
+    if not library.is_file():
+        return None
+    try:  # what torch's cpp_extension does to import a built extension, without ninja at run time
+        spec = importlib.util.spec_from_file_location(_tag(), library)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    except (ImportError, OSError):  # a build for another torch or a damaged file: run without it
+        return None
+    return module
+
+
+def linear_rows() -> Callable[[torch.Tensor, torch.Tensor, bool], torch.Tensor] | None:
+    """The built kernel (x [rows, in], w [out, in], tiled -> [rows, out]), or None. ``tiled`` picks
+    the layout (tiles of weight rows by 4 input rows, or one weight row by 8); both give the same
+    bits."""
+    module = _module()
+    return None if module is None else module.linear_rows
+
+
+def main() -> int:
+    reason = unsupported_reason()
+    if reason is not None:
+        print(f"omnidraft kernels: not built: {reason}")
+        return 0
+    try:
+        build()
+    except Exception as exc:  # no compiler or ninja: the torch kernels serve
+        first = str(exc).strip().splitlines()[-1][:200] if str(exc).strip() else ""
+        print(f"omnidraft kernels: not built ({exc.__class__.__name__}: {first}); the torch kernels will be used")
+        return 0
+    _module.cache_clear()
+    ok = linear_rows() is not None
+    print(f"omnidraft kernels: {'built' if ok else 'built but not loadable'} in {build_dir()}")
+    return 0
