@@ -250,7 +250,7 @@ def load_pipeline(target_spec: str, drafter_spec: str | None, *, home=None, dtyp
     decoder = SpeculativeDecoder(target, drafter, bridge, ngrams, history=history)
     slot = AdapterSlot(drafter, identity, adapters.pair_dir(drafter_spec, target_spec, home))
     decoder.observers.append(slot)
-    decoder.cost_policy.keep_at(policy_path(drafter_spec, target_spec, engine, backend, home))
+    decoder.cost_policy.keep_at(policy_path(drafter_spec, target_spec, engine, backend, home), cost_machine())
     slot.listeners.append(decoder.cost_policy.drafter_weights)
     use_adapter(slot, adapter, quiet)
     decoder.cost_policy.drafter_weights(slot.weights)  # also when no adapter loaded: "none" may be news
@@ -385,6 +385,16 @@ def onnx_export_for(drafter_spec: str, backend: str, home=None) -> Path | None:
         raise OmnidraftError(f"no ONNX export of {drafter_spec} under {home_dir(home) / 'export'}; "
                              f"run `omnidraft export --drafter {drafter_spec}` first")
     return None
+
+
+def cost_machine() -> str:
+    """What a pair's measured costs depend on beyond the pair and engine: the CPU, torch and the
+    native kernels (a kernel change moved a plain torch step by 1.7x)."""
+    from omnidraft import kernels
+    from omnidraft.drafter import choice
+
+    native = kernels.build_dir().name if kernels.linear_rows() is not None else "none"
+    return f"{choice.cpu_model()}; torch {torch.__version__}; kernels {native}"
 
 
 def policy_path(drafter_spec: str, target_spec: str, engine: str, drafter_dtype: str, home=None) -> Path:

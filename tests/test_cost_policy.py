@@ -178,6 +178,9 @@ def test_what_a_process_measured_is_kept_for_the_next_one(tmp_path):
     again.keep_at(path)
     assert again.measured and again.verify_costs.table == first.verify_costs.table
     assert again.draft_cost.seconds_per_token == 0.030 and again.stats.rates(4) == first.stats.rates(4)
+    elsewhere = CostPolicy()  # another CPU or other kernels: the costs are measured again, the statistics kept
+    elsewhere.keep_at(path, machine="another CPU; kernels none")
+    assert not elsewhere.measured and elsewhere.stats.rates(4) == first.stats.rates(4)
     path.write_text('{"format": 1, "verify_s": {"0": -1}, "draft_s": "x"}')  # damaged: measured anew, no error
     fresh = CostPolicy()
     fresh.keep_at(path)

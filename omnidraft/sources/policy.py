@@ -205,6 +205,7 @@ class CostPolicy:
         self.choices: dict[int, int] = {}  # the drafter's allowance -> steps (what the policy did)
         self.weights: str | None = None  # the drafter's adapter version its statistics describe (None: unknown)
         self.path = path  # where the state is kept (None: in memory only)
+        self.machine = ""  # what the costs were measured on (CPU, kernels): other costs are measured again
         self._stop: CostAwareStop | None = None
 
     @property
@@ -282,7 +283,7 @@ class CostPolicy:
                 "stats": {"tried": self.stats.tried, "accepted": self.stats.accepted},
                 "lookup": {key: {"tried": st.tried, "accepted": st.accepted} for key, st in lookups.items()},
                 "calibration": {"tried": self.calibration.tried, "accepted": self.calibration.accepted},
-                "weights": self.weights}
+                "weights": self.weights, "machine": self.machine}
 
     def restore(self, state: dict) -> bool:
         """Take a saved state; False (and nothing changed) for anything malformed."""
@@ -300,9 +301,11 @@ class CostPolicy:
         lookup = self._restore_lookup(state.get("lookup"))
         if ok:
             self.acceptance.update(lookup)
-            self.verify_costs, self.draft_cost = verify, DraftCost(draft, alpha=0.1)
-            read = state.get("read_s")
-            self.read_cost = DraftCost(float(read) if isinstance(read, (int, float)) and read > 0 else None, alpha=0.1)
+            if state.get("machine") == self.machine:  # costs from other hardware or kernels: measure again
+                self.verify_costs, self.draft_cost = verify, DraftCost(draft, alpha=0.1)
+                read = state.get("read_s")
+                self.read_cost = DraftCost(float(read) if isinstance(read, (int, float)) and read > 0 else None,
+                                           alpha=0.1)
             self.stats.tried, self.stats.accepted = tried, accepted
             self.calibration.tried, self.calibration.accepted = c_tried, c_accepted
             weights = state.get("weights")
@@ -336,10 +339,12 @@ class CostPolicy:
                 out[key] = stats
         return out
 
-    def keep_at(self, path: Path) -> None:
+    def keep_at(self, path: Path, machine: str = "") -> None:
         """Start from the state kept at ``path`` (a missing or malformed file: measure again) and
-        keep it there after each request."""
-        self.path = path
+        keep it there after each request. ``machine`` names what costs depend on beyond the pair and
+        engine (the CPU, the native kernels): a state measured on another keeps only its acceptance
+        statistics, and the costs are measured again."""
+        self.path, self.machine = path, machine
         try:
             self.restore(json.loads(path.read_text(encoding="utf-8")))
         except (OSError, ValueError):
