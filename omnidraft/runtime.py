@@ -389,7 +389,7 @@ def onnx_export_for(drafter_spec: str, backend: str, home=None) -> Path | None:
 
 def cost_machine() -> str:
     """What a pair's measured costs depend on beyond the pair and engine: the CPU, torch and the
-    native kernels (a kernel change moved a plain torch step by 1.7x)."""
+    native kernels: a change of any of them changes what a step costs."""
     from omnidraft import kernels
     from omnidraft.drafter import choice
 
