@@ -36,7 +36,7 @@ from omnidraft.kv import output_vocab_size
 from omnidraft.ngram.trie import NgramCache, NgramTrie
 from omnidraft.sources.history import LookupHistory, open_history
 from omnidraft.target import Target, static
-from omnidraft.target.torch_target import resolve_device, torch_target
+from omnidraft.target.torch_target import torch_target
 from omnidraft.vocab.bridge import VocabBridge
 from omnidraft.identity import pair_slug, vocab_fingerprint
 
@@ -103,7 +103,7 @@ def target_device(spec: str, device: str) -> str:
         return "cpu"
     if device not in DEVICES:
         raise OmnidraftError(f"unknown device {device!r}; choose one of {', '.join(DEVICES)}")
-    resolved = resolve_device(device)
+    resolved = device if device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     if resolved == "cuda" and not torch.cuda.is_available():
         raise OmnidraftError("--device cuda: torch sees no CUDA device on this machine (torch.cuda.is_available() "
                              "is false); use --device cpu")

@@ -44,15 +44,6 @@ class TorchTarget:
         self.lm.warm_up(max_proposals + 1)
 
 
-def resolve_device(device: str) -> str:
-    """``auto``: the GPU when torch sees one, else the CPU."""
-    if device not in ("auto", "cpu", "cuda"):
-        raise ValueError(f"unknown device {device!r}")
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return device
-
-
 def torch_target(model: torch.nn.Module, tokenizer, device: str = "cpu",
                  context: int = static.DEFAULT_CONTEXT) -> TorchTarget:
     """The target on ``device``: on a GPU the static engine when the architecture allows it (else the
