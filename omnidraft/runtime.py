@@ -8,6 +8,8 @@ trained) into the drafter. It imports nothing from ``omnidraft.train``: decoding
 
 from __future__ import annotations
 
+import functools
+
 import importlib.util
 import time
 from dataclasses import dataclass
@@ -212,14 +214,16 @@ def load_pipeline(target_spec: str, drafter_spec: str | None, *, home=None, dtyp
         drafter_backend = chosen.backend
         drafter_dtype = chosen.dtype if chosen.backend == "torch" else None
     drafter_dtype = drafter_dtype or DEFAULT_DRAFTER_DTYPE
-    on_llama = drafter_backend == "llamacpp"
-    export = None if on_llama else onnx_export_for(drafter_spec, drafter_backend, home)
+    on_gguf = drafter_backend in GGUF_BACKENDS
+    export = None if on_gguf else onnx_export_for(drafter_spec, drafter_backend, home)
     if not quiet:
-        notice(f"loading drafter {drafter_spec} ({'llama.cpp' if on_llama else 'onnx: ' + str(export) if export else 'torch ' + drafter_dtype})")
-    if on_llama:  # the drafter's GGUF in-process: nothing dequantized, the torch drafter not loaded
-        lm, drafter_tok = gguf_drafter(drafter_spec, home, quiet)
-        drafter_model, vocab, backend = None, lm.vocab_size, "llamacpp"
-        arch = gguf_architecture(lm.engine.path, home)  # the torch twin's: the trainer's adapters fit it
+        where = GGUF_BACKENDS.get(drafter_backend) or ('onnx: ' + str(export) if export else 'torch ' + drafter_dtype)
+        notice(f"loading drafter {drafter_spec} ({where})")
+    if on_gguf:  # the drafter's GGUF in-process: nothing dequantized, the torch drafter not loaded
+        load = native_drafter if drafter_backend == "native" else gguf_drafter
+        lm, drafter_tok = load(drafter_spec, home, quiet)
+        drafter_model, vocab, backend = None, lm.vocab_size, drafter_backend
+        arch = gguf_architecture(lm.gguf_path, home)  # the torch twin's: the trainer's adapters fit it
     elif export is not None:  # the exported graph on onnxruntime: the torch drafter is not loaded at all
         from transformers import AutoTokenizer
 
@@ -254,18 +258,54 @@ def load_pipeline(target_spec: str, drafter_spec: str | None, *, home=None, dtyp
     slot.listeners.append(decoder.cost_policy.drafter_weights)
     use_adapter(slot, adapter, quiet)
     decoder.cost_policy.drafter_weights(slot.weights)  # also when no adapter loaded: "none" may be news
-    label = backend if backend == "llamacpp" or backend.startswith("onnx") else f"torch-{backend}"
+    label = backend if backend in GGUF_BACKENDS or backend.startswith("onnx") else f"torch-{backend}"
     return Pipeline(decoder, target_spec, drafter_spec, target_model, drafter_model, slot, engine, label)
+
+
+GGUF_BACKENDS = {"llamacpp": "llama.cpp", "native": "native"}  # drafter backends that run its GGUF as it is
+
+
+def _drafter_gguf(drafter_spec: str, backend: str, home=None) -> Path:
+    gguf = models.gguf_of(drafter_spec, home, progress=False)  # ~100 MB: a bar would only flash
+    if gguf is None:
+        raise OmnidraftError(f"--drafter-backend {backend} runs a GGUF file; {drafter_spec} is neither a builtin "
+                             f"nor a .gguf file")
+    return gguf
+
+
+@functools.cache
+def _native_weights(gguf: Path):
+    """The GGUF's weights in the native forward, loaded once per process (every fork shares them)."""
+    from omnidraft.drafter.native_lm import load_native_model
+
+    return load_native_model(gguf)
+
+
+def native_drafter(drafter_spec: str, home=None, quiet: bool = False):
+    """(NativeDraftLM, tokenizer) for ``--drafter-backend native``: the GGUF's blocks in omnidraft's own
+    forward (omnidraft/kernels/qdraft.cpp)."""
+    from omnidraft.drafter.native_lm import NativeDraftLM, NativeUnsupported
+
+    gguf = _drafter_gguf(drafter_spec, "native", home)
+    try:
+        weights = _native_weights(gguf.resolve())
+    except NativeUnsupported as exc:
+        raise OmnidraftError(f"--drafter-backend native: {exc}") from None
+    return NativeDraftLM(weights), models.load_tokenizer(drafter_spec, home, progress=not quiet)
+
+
+def native_drafter_available() -> bool:
+    """Whether this machine has the native drafter (its kernels built, the CPU able to run them)."""
+    from omnidraft import kernels
+
+    return kernels.qdraft() is not None
 
 
 def gguf_drafter(drafter_spec: str, home=None, quiet: bool = False):
     """(LlamaCppDraftLM, tokenizer) for ``--drafter-backend llamacpp``: a builtin's GGUF or a .gguf file."""
     from omnidraft.drafter.llamacpp_lm import LlamaCppDraftLM
 
-    gguf = models.gguf_of(drafter_spec, home, progress=False)  # ~100 MB: a bar would only flash
-    if gguf is None:
-        raise OmnidraftError(f"--drafter-backend llamacpp runs a GGUF file; {drafter_spec} is neither a builtin "
-                             f"nor a .gguf file")
+    gguf = _drafter_gguf(drafter_spec, "llamacpp", home)
     tokenizer = models.load_tokenizer(drafter_spec, home, progress=not quiet)
     return LlamaCppDraftLM(gguf, tokenizer), tokenizer
 
@@ -274,12 +314,14 @@ def drafter_backend_candidates(drafter_spec: str, home=None) -> tuple[list[tuple
     """The backends ``auto`` weighs for this drafter besides torch float32 (the reference), and the
     export folder when there is one."""
     export = onnx_export_for(drafter_spec, "auto", home)
-    has_gguf = llama_cpp_installed() and (models.builtin(drafter_spec) is not None or models.is_gguf_file(drafter_spec))
+    has_gguf = models.builtin(drafter_spec) is not None or models.is_gguf_file(drafter_spec)
     kinds: list[tuple[str, str | None]] = [("torch", "bfloat16")]
     if export is not None:
         kinds.append(("onnx", export.name.rsplit("-", 1)[-1]))
-    if has_gguf:  # (its file is found and checked when it is loaded)
+    if has_gguf and llama_cpp_installed():  # (its file is found and checked when it is loaded)
         kinds.append(("llamacpp", None))
+    if has_gguf and native_drafter_available():
+        kinds.append(("native", None))
     return kinds, export
 
 
@@ -317,6 +359,8 @@ def choose_drafter_backend(drafter_spec: str, home=None, quiet: bool = False, re
             from omnidraft.drafter.onnx_lm import OnnxDraftLM
 
             return OnnxDraftLM(export)
+        if backend == "native":
+            return native_drafter(drafter_spec, home, quiet=True)[0]
         return gguf_drafter(drafter_spec, home, quiet=True)[0]
 
     if not quiet:
@@ -368,7 +412,7 @@ def onnx_export_for(drafter_spec: str, backend: str, home=None) -> Path | None:
     from omnidraft.export.folder import settle
     from omnidraft.identity import spec_slug
 
-    if backend in ("torch", "llamacpp"):
+    if backend in ("torch", *GGUF_BACKENDS):
         return None
     if backend not in ("auto", "onnx"):
         folder = Path(backend).expanduser()

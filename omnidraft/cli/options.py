@@ -154,7 +154,8 @@ def add_model_options(parser: argparse.ArgumentParser, *, target: bool = True, d
     if drafter:
         g.add_argument("--drafter-backend", type=text, default="auto",
                        help="what runs the drafter: torch, onnx (the export `omnidraft export` wrote under the home), "
-                            "an export folder, llamacpp (its GGUF on llama.cpp; adapters as GGUF LoRA), or auto: "
+                            "an export folder, llamacpp (its GGUF on llama.cpp; adapters as GGUF LoRA), native (its GGUF on "
+                            "omnidraft's own one-call forward, built by set-up on AVX2 CPUs), or auto: "
                             "the fastest of these this machine has that agrees with the fp32 drafter, measured "
                             "once per home and CPU (`omnidraft models backends` shows it)")
         g.add_argument("--drafter-dtype", choices=DRAFTER_DTYPES, default=None,

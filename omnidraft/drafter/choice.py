@@ -9,8 +9,9 @@ the fp32 drafter's on at least :data:`MIN_AGREEMENT` of the probe's positions (a
 disagrees more loses acceptance, not correctness: the target verifies every token).
 
 Candidates: torch float32 and bfloat16 (int8 takes no adapter, so it is never chosen for you), the
-drafter's ONNX export when ``omnidraft export`` wrote one, and its GGUF on llama.cpp when
-llama-cpp-python is installed and the drafter is a builtin or a .gguf file. The result is kept in
+drafter's ONNX export when ``omnidraft export`` wrote one, and, when the drafter is a builtin or a
+.gguf file, its GGUF on llama.cpp (when llama-cpp-python is installed) and on the native forward
+(when set-up built it). The result is kept in
 ``<home>/models/costs/drafter-backends/<drafter>.json`` and measured again when the CPU, the
 installed versions or the set of candidates changes.
 """
@@ -46,7 +47,7 @@ FORMAT = 1
 class BackendMeasure:
     """One backend's probe: what ``auto`` compares."""
 
-    backend: str  # "torch", "onnx" or "llamacpp"
+    backend: str  # "torch", "onnx", "llamacpp" or "native"
     dtype: str | None  # the torch dtype, the export's quantization, or None (the GGUF's own)
     ms_per_token: float  # median one-token step
     agreement: float  # top-1 agreement with the fp32 torch drafter on the probe

@@ -45,6 +45,10 @@ class LlamaCppDraftLM:
         return self.engine.cached_ids
 
     @property
+    def gguf_path(self) -> Path:
+        return Path(self.engine.path)
+
+    @property
     def last_hidden(self) -> torch.Tensor:
         return self._hidden
 

@@ -7,11 +7,14 @@ verify of one proposal cost 1.3-1.9 plain steps on the torch target. This kernel
 row once for up to 8 input rows, and a row's result is bit-identical whatever the row count.
 ``fastlinear`` offers it as one more candidate and keeps it only where it times fastest.
 
-It is built by ``python -m omnidraft.kernels`` (``scripts/setup.sh`` runs it: ~1 min, needs a C++
+``qdraft()``: a llama-architecture drafter's whole forward on its GGUF blocks in one call
+(``qdraft.cpp``; the ``native`` drafter backend, ``drafter/native_lm.py``).
+
+Each is built by ``python -m omnidraft.kernels`` (``scripts/setup.sh`` runs it: ~1 min, needs a C++
 compiler and ninja) into ``~/.cache/omnidraft/kernels/<tag>``, the tag naming the source, torch and
-Python versions. A run never compiles: :func:`linear_rows` returns None when no build for this
-tag exists, the CPU lacks AVX2/FMA or ``OMNIDRAFT_NATIVE_KERNELS=0`` is set, and the torch
-kernels are used.
+Python versions. A run never compiles: :func:`linear_rows` and :func:`qdraft` return None when no
+build for this tag exists, the CPU lacks AVX2/FMA or ``OMNIDRAFT_NATIVE_KERNELS=0`` is set, and the
+torch kernels (or another drafter backend) are used.
 """
 
 from __future__ import annotations
@@ -27,23 +30,26 @@ from typing import Callable
 
 import torch
 
-SOURCE = Path(__file__).with_name("skinny.cpp")
-FLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp"]  # OpenMP: at::parallel_for runs serially without it
+HERE = Path(__file__).parent
+BASE_FLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp"]  # OpenMP: at::parallel_for runs serially without it
+# name -> (source, compiler flags); each is built and loaded on its own, so one failing leaves the other
+EXTENSIONS = {"skinny": ("skinny.cpp", BASE_FLAGS), "qdraft": ("qdraft.cpp", [*BASE_FLAGS, "-mf16c"])}
 
 
-def _tag() -> str:
-    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode()).hexdigest()[:12]
+def _tag(name: str = "skinny") -> str:
+    source, flags = EXTENSIONS[name]
+    digest = hashlib.sha256((HERE / source).read_bytes() + " ".join(flags).encode()).hexdigest()[:12]
     version = torch.__version__.replace("+", "_").replace(".", "_")
-    return f"skinny_{digest}_torch{version}_py{sys.version_info.major}{sys.version_info.minor}"
+    return f"{name}_{digest}_torch{version}_py{sys.version_info.major}{sys.version_info.minor}"
 
 
-def build_dir() -> Path:
+def build_dir(name: str = "skinny") -> Path:
     root = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(root) / "omnidraft" / "kernels" / _tag()
+    return Path(root) / "omnidraft" / "kernels" / _tag(name)
 
 
 def unsupported_reason() -> str | None:
-    """Why the kernel cannot run on this machine, or None."""
+    """Why the kernels cannot run on this machine, or None."""
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return f"not an x86-64 CPU ({platform.machine()})"
     if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
@@ -51,25 +57,26 @@ def unsupported_reason() -> str | None:
     return None
 
 
-def build(verbose: bool = False):
-    """Compile the kernel for this machine (the set-up step); returns the module."""
+def build(name: str = "skinny", verbose: bool = False):
+    """Compile one extension for this machine (the set-up step); returns the module."""
     from torch.utils.cpp_extension import load
 
-    folder = build_dir()
+    source, flags = EXTENSIONS[name]
+    folder = build_dir(name)
     folder.mkdir(parents=True, exist_ok=True)
-    return load(name=_tag(), sources=[str(SOURCE)], extra_cflags=FLAGS, extra_ldflags=["-fopenmp"],
+    return load(name=_tag(name), sources=[str(HERE / source)], extra_cflags=flags, extra_ldflags=["-fopenmp"],
                 build_directory=str(folder), verbose=verbose)
 
 
 @cache
-def _module():
+def _module(name: str = "skinny"):
     if os.environ.get("OMNIDRAFT_NATIVE_KERNELS") == "0" or unsupported_reason() is not None:
         return None
-    library = build_dir() / f"{_tag()}.so"
+    library = build_dir(name) / f"{_tag(name)}.so"
     if not library.is_file():
         return None
     try:  # what torch's cpp_extension does to import a built extension, without ninja at run time
-        spec = importlib.util.spec_from_file_location(_tag(), library)
+        spec = importlib.util.spec_from_file_location(_tag(name), library)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
     except (ImportError, OSError):  # a build for another torch or a damaged file: run without it
@@ -81,8 +88,13 @@ def linear_rows() -> Callable[[torch.Tensor, torch.Tensor, bool], torch.Tensor] 
     """The built kernel (x [rows, in], w [out, in], tiled -> [rows, out]), or None. ``tiled`` picks
     the layout (tiles of weight rows by 4 input rows, or one weight row by 8); both give the same
     bits."""
-    module = _module()
+    module = _module("skinny")
     return None if module is None else module.linear_rows
+
+
+def qdraft():
+    """The native drafter forward (``qdraft.cpp``: ``Model`` and ``Cache``), or None where not built."""
+    return _module("qdraft")
 
 
 def main() -> int:
@@ -90,13 +102,14 @@ def main() -> int:
     if reason is not None:
         print(f"omnidraft kernels: not built: {reason}")
         return 0
-    try:
-        build()
-    except Exception as exc:  # no compiler or ninja: the torch kernels serve
-        first = str(exc).strip().splitlines()[-1][:200] if str(exc).strip() else ""
-        print(f"omnidraft kernels: not built ({exc.__class__.__name__}: {first}); the torch kernels will be used")
-        return 0
-    _module.cache_clear()
-    ok = linear_rows() is not None
-    print(f"omnidraft kernels: {'built' if ok else 'built but not loadable'} in {build_dir()}")
+    for name in EXTENSIONS:
+        try:
+            build(name)
+        except Exception as exc:  # no compiler or ninja: the torch kernels and other backends serve
+            first = str(exc).strip().splitlines()[-1][:200] if str(exc).strip() else ""
+            print(f"omnidraft kernels: {name} not built ({exc.__class__.__name__}: {first}); running without it")
+            continue
+        _module.cache_clear()
+        ok = _module(name) is not None
+        print(f"omnidraft kernels: {name} {'built' if ok else 'built but not loadable'} in {build_dir(name)}")
     return 0

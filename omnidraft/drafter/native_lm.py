@@ -1,0 +1,215 @@
+"""The drafter on omnidraft's own native forward: the GGUF's quantized blocks, one C++ call per token.
+
+Drafting is one token at a time, where what costs is everything but the arithmetic: eager torch and
+onnxruntime pay per operator (30 layers x ~20 operators for SmolLM2), and llama.cpp rounds activations
+to 8 bits, which moves the drafter's top token on a few percent of positions. ``kernels/qdraft.cpp``
+runs the whole forward in one call on the GGUF's Q4_1/Q8_0 blocks as they are (nothing dequantized)
+with 16-bit activations, so it follows the float32 drafter (the same dequantized weights) closely.
+
+:class:`NativeDraftLM` is a :class:`~omnidraft.drafter.base.DraftLM`: a KV cache per instance
+(``fork`` shares the weights), rollback by truncating the cached ids, and LoRA adapters in peft names
+applied as float32 branches in the GGUF's row order (q/k rows permuted as llama.cpp's converter
+permutes the base weights, :func:`~omnidraft.adapter.gguf_lora.gguf_tensors`).
+
+Llama-architecture GGUFs whose Linear weights are all Q4_1 or Q8_0 are supported (the builtin
+SmolLM2 is); :func:`load_native_model` says why any other is not.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from omnidraft.adapter.gguf_lora import GgufShape, gguf_tensors
+from omnidraft.kv import common_prefix_len
+
+SUPPORTED_TYPES = {"Q4_1": 3, "Q8_0": 8}  # name -> ggml type id, what qdraft.cpp reads
+SLOTS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")  # qdraft.cpp's order
+READ_CHUNK = 64  # rows per forward when reading a long context (bounds the scratch memory)
+
+
+class NativeUnsupported(RuntimeError):
+    """This GGUF or machine cannot run on the native drafter (the reason is the message)."""
+
+
+@dataclass(frozen=True)
+class NativeModel:
+    """Loaded weights shared by every :class:`NativeDraftLM` over them."""
+
+    model: object  # qdraft.Model
+    shape: GgufShape
+    vocab_size: int
+    hidden_size: int
+    n_ff: int
+    max_positions: int
+    path: Path
+
+    @property
+    def linear_shapes(self) -> dict[str, tuple[int, int]]:
+        """GGUF slot name -> (out, in) of its weight."""
+        e, kv = self.hidden_size, self.shape.n_head_kv * (self.hidden_size // self.shape.n_head)
+        return {"attn_q": (e, e), "attn_k": (kv, e), "attn_v": (kv, e), "attn_output": (e, e),
+                "ffn_gate": (self.n_ff, e), "ffn_up": (self.n_ff, e), "ffn_down": (e, self.n_ff)}
+
+
+def _field(reader, key: str):
+    field = reader.fields.get(key)
+    if field is None:
+        raise NativeUnsupported(f"the GGUF has no {key}")
+    value = field.parts[field.data[0]]
+    return value.tobytes().decode() if value.dtype == np.uint8 else value[0].item()
+
+
+def _blocks(tensor) -> tuple[torch.Tensor, int]:
+    kind = tensor.tensor_type.name
+    if kind not in SUPPORTED_TYPES:
+        raise NativeUnsupported(f"{tensor.name} is {kind}; the native drafter reads {', '.join(SUPPORTED_TYPES)}")
+    return torch.from_numpy(np.ascontiguousarray(tensor.data).reshape(-1).copy()), SUPPORTED_TYPES[kind]
+
+
+def _floats(tensor) -> torch.Tensor:
+    if tensor.tensor_type.name != "F32":
+        raise NativeUnsupported(f"{tensor.name} is {tensor.tensor_type.name}, not F32")
+    return torch.from_numpy(np.asarray(tensor.data, dtype=np.float32).reshape(-1).copy())
+
+
+def load_native_model(gguf: str | Path) -> NativeModel:
+    """Read a llama-architecture GGUF into the native forward; NativeUnsupported says why not."""
+    from gguf import GGUFReader
+
+    from omnidraft import kernels
+
+    module = kernels.qdraft()
+    if module is None:
+        raise NativeUnsupported(kernels.unsupported_reason() or "the native kernels are not built (run scripts/setup.sh)")
+    reader = GGUFReader(str(gguf))
+    arch = _field(reader, "general.architecture")
+    if arch != "llama":
+        raise NativeUnsupported(f"the native drafter runs llama-architecture GGUFs, not {arch}")
+    n_layers, n_embd = _field(reader, "llama.block_count"), _field(reader, "llama.embedding_length")
+    n_head, n_ff = _field(reader, "llama.attention.head_count"), _field(reader, "llama.feed_forward_length")
+    n_kv = _field(reader, "llama.attention.head_count_kv")
+    eps = _field(reader, "llama.attention.layer_norm_rms_epsilon")
+    base = reader.fields.get("llama.rope.freq_base")
+    base = float(base.parts[base.data[0]][0]) if base is not None else 10000.0
+    if reader.fields.get("llama.rope.scaling.type") is not None:
+        raise NativeUnsupported("rope scaling is not supported by the native drafter")
+    tensors = {t.name: t for t in reader.tensors}
+    model = module.Model(n_embd, n_head, n_kv, n_ff, float(eps), base)
+    try:
+        for i in range(n_layers):
+            blocks = [_blocks(tensors[f"blk.{i}.{slot}.weight"]) for slot in SLOTS]
+            model.add_layer([b for b, _ in blocks], [t for _, t in blocks], _floats(tensors[f"blk.{i}.attn_norm.weight"]),
+                            _floats(tensors[f"blk.{i}.ffn_norm.weight"]))
+        embed, embed_type = _blocks(tensors["token_embd.weight"])
+        head, head_type = _blocks(tensors["output.weight"]) if "output.weight" in tensors else (embed, embed_type)
+        vocab = int(tensors["token_embd.weight"].shape[1])
+        model.set_output(embed, embed_type, head, head_type, vocab, _floats(tensors["output_norm.weight"]))
+    except KeyError as exc:
+        raise NativeUnsupported(f"the GGUF lacks tensor {exc}") from None
+    except RuntimeError as exc:  # a shape qdraft.cpp refuses
+        raise NativeUnsupported(str(exc).splitlines()[0]) from None
+    context = int(_field(reader, "llama.context_length"))
+    return NativeModel(model, GgufShape(arch, n_layers, n_head, n_kv), vocab, n_embd, n_ff, context, Path(gguf))
+
+
+class NativeDraftLM:
+    """:class:`~omnidraft.drafter.base.DraftLM` over the native forward (one KV cache per instance)."""
+
+    def __init__(self, weights: NativeModel, n_threads: int | None = None) -> None:
+        from omnidraft import kernels
+
+        self.weights = weights
+        self.vocab_size, self.hidden_size, self.max_positions = weights.vocab_size, weights.hidden_size, weights.max_positions
+        self.n_threads = n_threads or torch.get_num_threads()
+        self._cache = kernels.qdraft().Cache(weights.model)
+        self._ids: list[int] = []
+        self._hidden = torch.zeros(self.hidden_size)
+        self._adapter: tuple[dict[str, torch.Tensor], float] | None = None
+
+    @property
+    def cached_ids(self) -> list[int]:
+        return self._ids
+
+    @property
+    def gguf_path(self) -> Path:
+        return self.weights.path
+
+    @property
+    def last_hidden(self) -> torch.Tensor:
+        return self._hidden
+
+    def _feed(self, ids: Sequence[int]) -> torch.Tensor:
+        if len(self._ids) + len(ids) > self.max_positions:
+            raise ValueError(f"the drafter's context is {self.max_positions} tokens")
+        logits = None
+        for start in range(0, len(ids), READ_CHUNK):
+            chunk = list(ids[start:start + READ_CHUNK])
+            logits = self._cache.forward(torch.tensor(chunk, dtype=torch.int64), len(self._ids), self.n_threads)
+            self._ids.extend(chunk)
+        self._hidden = self._cache.hidden.clone()
+        return logits
+
+    def logits_for(self, ids: Sequence[int]) -> torch.Tensor:
+        ids = list(ids)
+        if not ids:
+            raise ValueError("logits_for needs at least one id")
+        keep = min(common_prefix_len(self._ids, ids), len(ids) - 1)  # the last id is always fed: its row is wanted
+        del self._ids[keep:]
+        return self._feed(ids[keep:])
+
+    def step(self, token: int) -> torch.Tensor:
+        return self._feed([token])
+
+    def reset(self) -> None:
+        self._ids = []
+
+    def fork(self) -> NativeDraftLM:
+        """Another drafter over the same weights with a KV cache of its own, and this one's adapter."""
+        fork = NativeDraftLM(self.weights, self.n_threads)
+        if self._adapter is not None:
+            fork._use(*self._adapter)
+        return fork
+
+    def apply_adapter(self, state: dict[str, torch.Tensor] | None, scaling: float = 1.0) -> None:
+        """Use LoRA tensors (peft names) scaled by ``scaling``; None: the base weights. A state that does
+        not fit raises ValueError before anything changes."""
+        if state is None:
+            self._use({}, 0.0)
+            self._adapter = None
+        else:
+            pairs = self._pairs(state)
+            self._use(pairs, float(scaling))
+            self._adapter = (pairs, float(scaling))
+        self.reset()  # the cached keys were computed under the old weights
+
+    def _use(self, pairs: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]], scaling: float) -> None:
+        self._cache.clear_lora()
+        for (layer, slot), (a, b) in pairs.items():
+            self._cache.set_lora(layer, slot, a, b, scaling)
+
+    def _pairs(self, state: dict[str, torch.Tensor]) -> dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]]:
+        """(layer, slot) -> (A, B) in the GGUF's row order, every shape checked against the weights."""
+        shape = self.weights.shape
+        try:
+            tensors = gguf_tensors(state, shape)
+        except (KeyError, RuntimeError) as exc:
+            raise ValueError(f"the adapter does not fit the drafter: {exc}") from None
+        dims = self.weights.linear_shapes
+        pairs = {}
+        for name, a in tensors.items():
+            if not name.endswith(".lora_a"):
+                continue
+            parts = name.split(".")  # blk.N.<slot>.weight.lora_a
+            if parts[0] != "blk" or parts[2] not in SLOTS or not parts[1].isdigit() or int(parts[1]) >= shape.n_layers:
+                raise ValueError(f"the native drafter takes LoRA on its attention and MLP layers only, not {name}")
+            b = tensors[name[: -len("lora_a")] + "lora_b"]
+            out, inp = dims[parts[2]]
+            if a.dim() != 2 or b.dim() != 2 or a.shape[1] != inp or b.shape[0] != out or a.shape[0] != b.shape[1]:
+                raise ValueError(f"{name}: LoRA shapes {tuple(a.shape)} / {tuple(b.shape)} do not fit a [{out}, {inp}] weight")
+            pairs[(int(parts[1]), SLOTS.index(parts[2]))] = (a.float().contiguous(), b.float().contiguous())
+        return pairs

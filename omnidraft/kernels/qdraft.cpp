@@ -1,0 +1,453 @@
+// A llama-architecture drafter's whole forward pass on its GGUF weights, in one call (AVX2 + FMA + F16C).
+//
+// Why: drafting is one token at a time, where eager torch and onnxruntime pay per operator (30 layers x
+// ~20 ops) and llama.cpp rounds activations to 8 bits (its Q8 dot products), which moved the drafter's
+// top-1 token on 2-3% of positions. Here the weights stay in the GGUF's own blocks (Q4_1 / Q8_0, 32
+// weights per block: nothing dequantized, ~100 MB read per token for SmolLM2-135M) and activations
+// are rounded to 16 bits per block of 32 (relative error ~1e-5 of the block's largest value), so the
+// result follows the float32 model on the dequantized weights.
+//
+// Mechanism of a Linear product (weights W [out, in] in blocks, activations x [rows, in]):
+//   y[r][o] = sum_b d_ob * s_rb * sum_j q_obj * xq_rbj  +  m_ob * sum_j x_rbj
+// with (d, m, q) the block's scale, minimum and 4- or 8-bit integers (Q8_0 has no minimum), xq the
+// activations as int16 with one scale s per block (_mm256_madd_epi16 does 16 products per instruction),
+// and the minimum's term taken on the float activations' block sums.
+//
+// One OpenMP parallel region per forward: the threads share each Linear's output rows (omp for) and
+// meet at barriers between the steps that depend on each other; the cheap row-wise steps (norms,
+// rotary, quantizing) run on one thread.  RoPE is GGML's "normal" mode (adjacent pairs), which is what
+// the GGUF's permuted q/k rows expect. LoRA pairs (A [rank, in], B [out, rank], float32) add
+// scale * B (A x) to a Linear, in the GGUF's row order (callers permute q/k rows as the converter does).
+#include <torch/extension.h>
+#include <immintrin.h>
+#include <omp.h>
+
+#include <cmath>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace {
+
+constexpr int QK = 32;
+constexpr int Q4_1 = 3, Q8_0 = 8;  // ggml_type values
+
+inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+  return _mm_cvtss_f32(s);
+}
+
+inline float half(const uint8_t* p) { return _cvtsh_ss(*reinterpret_cast<const uint16_t*>(p)); }
+
+// activations of `rows` rows of length n, rounded per block of 32
+struct QRows {
+  int64_t rows = 0, n = 0;
+  std::vector<int16_t> q;
+  std::vector<float> scale, sum;
+  void resize(int64_t r, int64_t len) {
+    rows = r; n = len;
+    q.resize(r * len); scale.resize(r * len / QK); sum.resize(r * len / QK);
+  }
+  void set(const float* x) {  // x [rows, n]
+    for (int64_t b = 0; b < rows * n / QK; ++b) {
+      const float* v = x + b * QK;
+      float amax = 0.f, total = 0.f;
+      for (int j = 0; j < QK; ++j) { amax = std::max(amax, std::fabs(v[j])); total += v[j]; }
+      const float s = amax / 32767.f, inv = amax > 0.f ? 32767.f / amax : 0.f;
+      for (int j = 0; j < QK; ++j) q[b * QK + j] = static_cast<int16_t>(std::nearbyint(v[j] * inv));
+      scale[b] = s; sum[b] = total;
+    }
+  }
+};
+
+struct QLinear {  // a weight [out, in] in GGUF blocks
+  torch::Tensor bytes;
+  int type = 0;
+  int64_t out = 0, in = 0, row_bytes = 0;
+  const uint8_t* row(int64_t o) const { return bytes.data_ptr<uint8_t>() + o * row_bytes; }
+};
+
+struct Lora { torch::Tensor a, b; float scale = 0.f; };  // a [rank, in], b [out, rank]
+
+// y[r] (stride ys) for weight row o against M activation rows
+template <int M>
+inline void dot_rows(const QLinear& w, int64_t o, const QRows& x, int64_t r0, float* y, int64_t ys) {
+  const uint8_t* p = w.row(o);
+  const int64_t nb = w.in / QK;
+  __m256 acc[M];
+  float macc[M];
+  for (int m = 0; m < M; ++m) { acc[m] = _mm256_setzero_ps(); macc[m] = 0.f; }
+  const __m128i low4 = _mm_set1_epi8(0x0F);
+  for (int64_t b = 0; b < nb; ++b) {
+    __m256i wl, wh;
+    float d, mn = 0.f;
+    if (w.type == Q4_1) {
+      const uint8_t* blk = p + b * 20;
+      d = half(blk); mn = half(blk + 2);
+      const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 4));
+      wl = _mm256_cvtepu8_epi16(_mm_and_si128(q, low4));                       // elements 0..15
+      wh = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(q, 4), low4));   // elements 16..31
+    } else {
+      const uint8_t* blk = p + b * 34;
+      d = half(blk);
+      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
+      wl = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(q));
+      wh = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(q, 1));
+    }
+    for (int m = 0; m < M; ++m) {
+      const int64_t xb = (r0 + m) * nb + b;
+      const int16_t* xq = x.q.data() + xb * QK;
+      const __m256i prod = _mm256_add_epi32(
+          _mm256_madd_epi16(wl, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq))),
+          _mm256_madd_epi16(wh, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 16))));
+      acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(prod), _mm256_set1_ps(d * x.scale[xb]), acc[m]);
+      macc[m] += mn * x.sum[xb];
+    }
+  }
+  for (int m = 0; m < M; ++m) y[m * ys] = hsum(acc[m]) + macc[m];
+}
+
+// y [rows, out] = x W^T for output rows shared among the team (call inside a parallel region)
+void linear_for(const QLinear& w, const QRows& x, float* y) {
+  const int64_t rows = x.rows;
+#pragma omp for schedule(static) nowait
+  for (int64_t o = 0; o < w.out; ++o) {
+    int64_t r = 0;
+    for (; r + 4 <= rows; r += 4) dot_rows<4>(w, o, x, r, y + r * w.out + o, w.out);
+    for (; r < rows; ++r) dot_rows<1>(w, o, x, r, y + r * w.out + o, w.out);
+  }
+}
+
+inline float dotf(const float* a, const float* b, int64_t n) {
+  __m256 acc = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+  float s = hsum(acc);
+  for (; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+// t [rows, rank] = x A^T (float activations)
+void lora_a_for(const Lora& l, const float* x, int64_t rows, int64_t in, float* t) {
+  const int64_t rank = l.a.size(0);
+  const float* a = l.a.data_ptr<float>();
+#pragma omp for schedule(static) nowait
+  for (int64_t k = 0; k < rank * rows; ++k) {
+    const int64_t r = k / rank, j = k % rank;
+    t[r * rank + j] = dotf(a + j * in, x + r * in, in);
+  }
+}
+
+// y [rows, out] += scale * t B^T
+void lora_b_for(const Lora& l, const float* t, int64_t rows, float* y) {
+  const int64_t out = l.b.size(0), rank = l.b.size(1);
+  const float* b = l.b.data_ptr<float>();
+#pragma omp for schedule(static) nowait
+  for (int64_t o = 0; o < out; ++o)
+    for (int64_t r = 0; r < rows; ++r) y[r * out + o] += l.scale * dotf(b + o * rank, t + r * rank, rank);
+}
+
+void rms_norm(const float* x, const float* w, float* y, int64_t n, float eps) {
+  double ss = 0.0;
+  for (int64_t i = 0; i < n; ++i) ss += static_cast<double>(x[i]) * x[i];
+  const float inv = 1.f / std::sqrt(static_cast<float>(ss / n) + eps);
+  for (int64_t i = 0; i < n; ++i) y[i] = x[i] * inv * w[i];
+}
+
+// e^x for x <= 0 (softmax after subtracting the maximum): 2^(x log2 e) as 2^n * 2^f, with 2^f a degree-6
+// polynomial on [-0.5, 0.5] (relative error ~2e-7, as std::exp's float result for these inputs)
+inline __m256 exp_neg(__m256 x) {
+  x = _mm256_max_ps(x, _mm256_set1_ps(-87.f));
+  const __m256 t = _mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f));
+  const __m256 n = _mm256_round_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m256 f = _mm256_mul_ps(_mm256_sub_ps(t, n), _mm256_set1_ps(0.693147180559945f));  // f ln2 in [-ln2/2, ln2/2]
+  __m256 p = _mm256_set1_ps(1.f / 720.f);
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.f / 120.f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.f / 24.f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.f / 6.f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0.5f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.f));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+// one query row against positions 0..n-1 of one KV head: keys in tiles of 8 positions (tile t at
+// kt + t * tstride, dimension i's 8 positions at + i * 8), values row-major (vals[j * vstride + i]); sc is
+// scratch for n (rounded up to 8) weights
+void attend(const float* q, const float* kt, int64_t tstride, const float* vals, int64_t vstride, int64_t D, int64_t n,
+            float scale, float* sc, float* out) {
+  const int64_t n8 = (n + 7) / 8 * 8;
+  for (int64_t j = 0; j < n8; j += 8) {  // 8 positions' scores at once from one contiguous tile: no horizontal sums
+    const float* tile = kt + (j / 8) * tstride;
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    for (int64_t i = 0; i < D; i += 2) {
+      acc0 = _mm256_fmadd_ps(_mm256_set1_ps(q[i]), _mm256_loadu_ps(tile + i * 8), acc0);
+      acc1 = _mm256_fmadd_ps(_mm256_set1_ps(q[i + 1]), _mm256_loadu_ps(tile + (i + 1) * 8), acc1);
+    }
+    _mm256_storeu_ps(sc + j, _mm256_mul_ps(_mm256_add_ps(acc0, acc1), _mm256_set1_ps(scale)));
+  }
+  float mx = -INFINITY;
+  for (int64_t j = 0; j < n; ++j) mx = std::max(mx, sc[j]);
+  for (int64_t j = n; j < n8; ++j) sc[j] = -INFINITY;  // positions past n weigh nothing
+  __m256 total = _mm256_setzero_ps();
+  for (int64_t j = 0; j < n8; j += 8) {
+    const __m256 e = exp_neg(_mm256_sub_ps(_mm256_loadu_ps(sc + j), _mm256_set1_ps(mx)));
+    _mm256_storeu_ps(sc + j, e);
+    total = _mm256_add_ps(total, e);
+  }
+  for (int64_t j = n; j < n8; ++j) sc[j] = 0.f;
+  const float inv = 1.f / hsum(total);
+  for (int64_t i0 = 0; i0 < D; i0 += 64) {  // the weighted sum of values, 64 dimensions kept in registers
+    const int chunks = static_cast<int>(std::min<int64_t>(64, D - i0) / 8);
+    __m256 acc[8];
+    for (int c = 0; c < 8; ++c) acc[c] = _mm256_setzero_ps();
+    for (int64_t j = 0; j < n; ++j) {
+      const __m256 w = _mm256_set1_ps(sc[j] * inv);
+      const float* row = vals + j * vstride + i0;
+      _Pragma("GCC unroll 8") for (int c = 0; c < 8; ++c)
+        if (c < chunks) acc[c] = _mm256_fmadd_ps(w, _mm256_loadu_ps(row + 8 * c), acc[c]);
+    }
+    for (int c = 0; c < chunks; ++c) _mm256_storeu_ps(out + i0 + 8 * c, acc[c]);
+  }
+}
+
+enum Slot { WQ, WK, WV, WO, WGATE, WUP, WDOWN, N_SLOTS };
+
+struct Layer {
+  QLinear w[N_SLOTS];
+  torch::Tensor attn_norm, ffn_norm;
+};
+
+}  // namespace
+
+// The weights (shared by every cache) and the adapter in use.
+struct Model {
+  int64_t n_embd, n_head, n_kv, head_dim, n_ff, vocab;
+  float eps, rope_base;
+  std::vector<Layer> layers;
+  QLinear embed, head;
+  torch::Tensor out_norm;
+  std::vector<float> inv_freq;
+
+  Model(int64_t n_embd_, int64_t n_head_, int64_t n_kv_, int64_t n_ff_, double eps_, double base)
+      : n_embd(n_embd_), n_head(n_head_), n_kv(n_kv_), head_dim(n_embd_ / n_head_), n_ff(n_ff_), vocab(0),
+        eps(static_cast<float>(eps_)), rope_base(static_cast<float>(base)) {
+    TORCH_CHECK(n_head > 0 && n_kv > 0 && n_embd % n_head == 0 && n_head % n_kv == 0, "heads do not divide the width");
+    TORCH_CHECK(head_dim % 8 == 0 && n_embd % QK == 0 && n_ff % QK == 0, "widths must be multiples of 32, heads of 8");
+    for (int64_t i = 0; i < head_dim / 2; ++i)
+      inv_freq.push_back(1.f / std::pow(rope_base, static_cast<float>(2 * i) / static_cast<float>(head_dim)));
+  }
+
+  static QLinear linear(torch::Tensor bytes, int64_t type, int64_t out, int64_t in) {
+    TORCH_CHECK(type == Q4_1 || type == Q8_0, "weights must be Q4_1 or Q8_0, not ggml type ", type);
+    TORCH_CHECK(in % QK == 0, "a row must be whole blocks of 32");
+    const int64_t row_bytes = in / QK * (type == Q4_1 ? 20 : 34);
+    TORCH_CHECK(bytes.dtype() == torch::kUInt8 && bytes.is_contiguous() && bytes.numel() == out * row_bytes,
+                "weight bytes do not match their shape");
+    QLinear q;
+    q.bytes = bytes; q.type = static_cast<int>(type); q.out = out; q.in = in; q.row_bytes = row_bytes;
+    return q;
+  }
+
+  void add_layer(std::vector<torch::Tensor> bytes, std::vector<int64_t> types, torch::Tensor attn_norm,
+                 torch::Tensor ffn_norm) {
+    TORCH_CHECK(bytes.size() == N_SLOTS && types.size() == N_SLOTS, "a layer has 7 Linear weights");
+    const int64_t kv = n_kv * head_dim;
+    const int64_t shapes[N_SLOTS][2] = {{n_embd, n_embd}, {kv, n_embd}, {kv, n_embd}, {n_embd, n_embd},
+                                        {n_ff, n_embd}, {n_ff, n_embd}, {n_embd, n_ff}};
+    Layer l;
+    for (int s = 0; s < N_SLOTS; ++s) l.w[s] = linear(bytes[s], types[s], shapes[s][0], shapes[s][1]);
+    l.attn_norm = attn_norm.contiguous().to(torch::kFloat32);
+    l.ffn_norm = ffn_norm.contiguous().to(torch::kFloat32);
+    layers.push_back(l);
+  }
+
+  void set_output(torch::Tensor embed_bytes, int64_t embed_type, torch::Tensor head_bytes, int64_t head_type,
+                  int64_t vocab_, torch::Tensor norm) {
+    vocab = vocab_;
+    embed = linear(embed_bytes, embed_type, vocab, n_embd);
+    head = linear(head_bytes, head_type, vocab, n_embd);
+    out_norm = norm.contiguous().to(torch::kFloat32);
+  }
+
+};
+
+// One session's KV cache and adapter over a Model; `forward` appends rows at position `pos`.
+struct Cache {
+  std::shared_ptr<Model> model;
+  std::vector<std::vector<Lora>> lora;  // [layer][slot], undefined tensors where none
+  std::vector<std::vector<float>> k;     // [layer][position / 8][kv head][dim][position % 8]: 8 positions' keys
+                                         // transposed in one contiguous 2 KB tile (scores of 8 positions per pass)
+  std::vector<std::vector<float>> v;     // [layer][position * kv_dim]
+  torch::Tensor hidden;                  // [n_embd] the final normed state of the last row
+  int64_t capacity = 0;
+
+  explicit Cache(std::shared_ptr<Model> m)
+      : model(std::move(m)), lora(model->layers.size(), std::vector<Lora>(N_SLOTS)), k(model->layers.size()),
+        v(model->layers.size()) {
+    hidden = torch::zeros({model->n_embd});
+  }
+
+  void set_lora(int64_t layer, int64_t slot, torch::Tensor a, torch::Tensor b, double scale) {
+    TORCH_CHECK(layer >= 0 && layer < static_cast<int64_t>(lora.size()) && slot >= 0 && slot < N_SLOTS, "no such Linear");
+    const QLinear& w = model->layers[layer].w[slot];
+    TORCH_CHECK(a.dim() == 2 && b.dim() == 2 && a.size(1) == w.in && b.size(0) == w.out && a.size(0) == b.size(1),
+                "LoRA shapes do not fit the Linear");
+    TORCH_CHECK(a.dtype() == torch::kFloat32 && b.dtype() == torch::kFloat32 && a.is_contiguous() && b.is_contiguous(),
+                "LoRA tensors must be contiguous float32");
+    lora[layer][slot] = Lora{a, b, static_cast<float>(scale)};
+  }
+
+  void clear_lora() {
+    for (auto& l : lora) for (auto& s : l) s = Lora{};
+  }
+
+  void reserve(int64_t positions) {
+    if (positions <= capacity) return;
+    const int64_t cap = (std::max(positions, 2 * capacity) + 7) / 8 * 8, kv = model->n_kv * model->head_dim;
+    for (size_t l = 0; l < k.size(); ++l) { k[l].resize(cap * kv); v[l].resize(cap * kv); }
+    capacity = cap;
+  }
+
+  // tokens [rows] at positions pos..pos+rows-1 -> logits [vocab] of the last row
+  torch::Tensor forward(torch::Tensor tokens, int64_t pos, int64_t n_threads) {
+    const Model& M = *model;
+    TORCH_CHECK(tokens.dim() == 1 && tokens.numel() > 0, "tokens must be a non-empty 1-D tensor");
+    tokens = tokens.to(torch::kInt64).contiguous();
+    const int64_t rows = tokens.numel(), E = M.n_embd, H = M.n_head, D = M.head_dim, KV = M.n_kv * D, F = M.n_ff;
+    const int64_t* tok = tokens.data_ptr<int64_t>();
+    for (int64_t r = 0; r < rows; ++r) TORCH_CHECK(tok[r] >= 0 && tok[r] < M.vocab, "token id out of range");
+    TORCH_CHECK(pos >= 0, "negative position");
+    reserve(pos + rows);
+
+    std::vector<float> x(rows * E), xn(rows * E), q(rows * E), kv_k(rows * KV), kv_v(rows * KV), att(rows * E),
+        o(rows * E), g(rows * F), u(rows * F), down(rows * E), t(rows * 64 * N_SLOTS), logits(M.vocab);
+    const int teams = static_cast<int>(std::max<int64_t>(n_threads, 1));
+    std::vector<float> scores(teams * (capacity + 8));  // attention weights, one row per thread
+    QRows qe, qf;
+    qe.resize(rows, E); qf.resize(rows, F);
+    int64_t max_rank = 0;
+    for (auto& l : lora) for (auto& s : l) if (s.a.defined()) max_rank = std::max<int64_t>(max_rank, s.a.size(0));
+    t.assign(rows * std::max<int64_t>(max_rank, 1) * N_SLOTS, 0.f);
+    const int64_t ts = rows * std::max<int64_t>(max_rank, 1);  // one slot's LoRA scratch
+    float* hidden_out = hidden.data_ptr<float>();
+
+    // embeddings (Q8_0 / Q4_1 rows dequantized)
+    for (int64_t r = 0; r < rows; ++r) {
+      const uint8_t* p = M.embed.row(tok[r]);
+      for (int64_t b = 0; b < E / QK; ++b) {
+        if (M.embed.type == Q8_0) {
+          const uint8_t* blk = p + b * 34; const float d = half(blk);
+          for (int j = 0; j < QK; ++j) x[r * E + b * QK + j] = d * static_cast<int8_t>(blk[2 + j]);
+        } else {
+          const uint8_t* blk = p + b * 20; const float d = half(blk), mn = half(blk + 2);
+          for (int j = 0; j < 16; ++j) {
+            x[r * E + b * QK + j] = d * (blk[4 + j] & 0x0F) + mn;
+            x[r * E + b * QK + 16 + j] = d * (blk[4 + j] >> 4) + mn;
+          }
+        }
+      }
+    }
+
+    // run base products and LoRA-A of `slots` on `in` (quantized qin, float fin), then LoRA-B; outputs `outs`
+    auto linears = [&](const Layer& L, const std::vector<Lora>& lo, std::initializer_list<int> slots,
+                       std::initializer_list<float*> outs, const QRows& qin, const float* fin) {
+      auto out = outs.begin();
+      bool any = false;
+      for (int s : slots) {
+        linear_for(L.w[s], qin, *out++);
+        if (lo[s].a.defined()) { lora_a_for(lo[s], fin, rows, L.w[s].in, t.data() + s * ts); any = true; }
+      }
+#pragma omp barrier
+      if (!any) return;
+      out = outs.begin();
+      for (int s : slots) {
+        float* y = *out++;
+        if (lo[s].a.defined()) lora_b_for(lo[s], t.data() + s * ts, rows, y);
+      }
+#pragma omp barrier
+    };
+
+#pragma omp parallel num_threads(teams)
+    {
+      for (size_t li = 0; li < M.layers.size(); ++li) {
+        const Layer& L = M.layers[li];
+        const std::vector<Lora>& lo = lora[li];
+#pragma omp single
+        {
+          for (int64_t r = 0; r < rows; ++r) rms_norm(&x[r * E], L.attn_norm.data_ptr<float>(), &xn[r * E], E, M.eps);
+          qe.set(xn.data());
+        }
+        linears(L, lo, {WQ, WK, WV}, {q.data(), kv_k.data(), kv_v.data()}, qe, xn.data());
+#pragma omp single
+        {  // rotary on adjacent pairs (GGML's normal mode), then the new rows join the cache
+          for (int64_t r = 0; r < rows; ++r) {
+            const float p = static_cast<float>(pos + r);
+            for (int64_t h = 0; h < H + M.n_kv; ++h) {
+              float* v = h < H ? &q[r * E + h * D] : &kv_k[r * KV + (h - H) * D];
+              for (int64_t i = 0; i < D / 2; ++i) {
+                const float a = p * M.inv_freq[i], c = std::cos(a), s = std::sin(a);
+                const float x0 = v[2 * i], x1 = v[2 * i + 1];
+                v[2 * i] = x0 * c - x1 * s;
+                v[2 * i + 1] = x0 * s + x1 * c;
+              }
+            }
+            const int64_t p8 = pos + r;
+            for (int64_t i = 0; i < KV; ++i) k[li][((p8 / 8) * KV + i) * 8 + p8 % 8] = kv_k[r * KV + i];
+            std::copy(&kv_v[r * KV], &kv_v[(r + 1) * KV], &v[li][(pos + r) * KV]);
+          }
+        }
+        const float scale = 1.f / std::sqrt(static_cast<float>(D));
+        const int64_t group = H / M.n_kv;
+#pragma omp for schedule(static)
+        for (int64_t rh = 0; rh < rows * H; ++rh) {
+          const int64_t r = rh / H, h = rh % H, kvh = h / group;
+          attend(&q[r * E + h * D], &k[li][kvh * D * 8], KV * 8, &v[li][kvh * D], KV, D, pos + r + 1, scale,
+                 &scores[omp_get_thread_num() * (capacity + 8)], &att[r * E + h * D]);
+        }
+#pragma omp single
+        qe.set(att.data());
+        linears(L, lo, {WO}, {o.data()}, qe, att.data());
+#pragma omp single
+        {
+          for (int64_t i = 0; i < rows * E; ++i) x[i] += o[i];
+          for (int64_t r = 0; r < rows; ++r) rms_norm(&x[r * E], L.ffn_norm.data_ptr<float>(), &xn[r * E], E, M.eps);
+          qe.set(xn.data());
+        }
+        linears(L, lo, {WGATE, WUP}, {g.data(), u.data()}, qe, xn.data());
+#pragma omp single
+        {
+          for (int64_t i = 0; i < rows * F; ++i) g[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];
+          qf.set(g.data());
+        }
+        linears(L, lo, {WDOWN}, {down.data()}, qf, g.data());
+#pragma omp single
+        for (int64_t i = 0; i < rows * E; ++i) x[i] += down[i];
+      }
+#pragma omp single
+      {
+        rms_norm(&x[(rows - 1) * E], M.out_norm.data_ptr<float>(), hidden_out, E, M.eps);
+        qe.resize(1, E);
+        qe.set(hidden_out);
+      }
+      linear_for(M.head, qe, logits.data());
+    }
+    return torch::from_blob(logits.data(), {M.vocab}, torch::kFloat32).clone();
+  }
+};
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  pybind11::class_<Model, std::shared_ptr<Model>>(m, "Model")
+      .def(pybind11::init<int64_t, int64_t, int64_t, int64_t, double, double>())
+      .def("add_layer", &Model::add_layer)
+      .def("set_output", &Model::set_output);
+  pybind11::class_<Cache>(m, "Cache")
+      .def(pybind11::init<std::shared_ptr<Model>>())
+      .def("forward", &Cache::forward, pybind11::call_guard<pybind11::gil_scoped_release>())
+      .def("set_lora", &Cache::set_lora)
+      .def("clear_lora", &Cache::clear_lora)
+      .def_readonly("hidden", &Cache::hidden);
+}

@@ -1,0 +1,191 @@
+"""The native drafter (``--drafter-backend native``): SmolLM2's GGUF blocks in one C++ forward per call.
+
+It follows the fp32 torch drafter (the same Q4_1 weights, dequantized there) on nearly every top-1
+token and within a small distance on every logit; reading a context in one call gives the bits of
+reading it token by token; it takes the trainer's LoRA adapters with the logits torch + peft gives;
+and greedy speculative decoding with it keeps the target's own output.
+"""
+
+from __future__ import annotations
+
+import copy
+import shutil
+
+import pytest
+import torch
+from conftest import DRAFTER, TEST_HOME
+
+from omnidraft import kernels, models
+from omnidraft.adapter.store import architecture_fingerprint, identity_of
+from omnidraft.config import DecodeConfig
+from omnidraft.decode import SpeculativeDecoder
+from omnidraft.drafter import Drafter
+from omnidraft.drafter.native_lm import NativeDraftLM, NativeUnsupported, load_native_model
+from omnidraft.drafter.torch_lm import TorchDraftLM
+from omnidraft.runtime import build_bridge, encode_prompt, load_pipeline
+from omnidraft.target import TorchTarget
+
+TEXT = ("def binary_search(items, target):\n    lo, hi = 0, len(items) - 1\n    while lo <= hi:\n"
+        "        mid = (lo + hi) // 2\n        if items[mid] == target:\n            return mid\n"
+        "        elif items[mid] < target:\n            lo = mid + 1\n        else:\n            hi = mid - 1\n")
+
+
+def test_the_native_drafter_is_built_where_the_cpu_can_run_it():
+    """Set-up builds it (python -m omnidraft.kernels); without it `auto` silently loses its fastest drafter."""
+    if kernels.unsupported_reason() is None and shutil.which("c++"):
+        assert kernels.qdraft() is not None, f"no build under {kernels.build_dir('qdraft')}"
+    elif kernels.unsupported_reason() is not None:
+        assert kernels.qdraft() is None
+
+
+@pytest.fixture(scope="module")
+def native():
+    if kernels.qdraft() is None:
+        pytest.skip(f"the native drafter cannot run here: {kernels.unsupported_reason() or 'not built'}")
+    tok = models.load_tokenizer(DRAFTER, TEST_HOME, progress=False)
+    return NativeDraftLM(load_native_model(models.gguf_of(DRAFTER, TEST_HOME, progress=False))), tok
+
+
+@pytest.mark.real
+def test_reading_in_one_call_gives_the_bits_of_reading_token_by_token(native):
+    lm, tok = native
+    ids = list(tok.encode(TEXT))
+    lm.apply_adapter(None)
+    read = lm.logits_for(ids[:30]).clone()
+    hidden = lm.last_hidden.clone()
+    lm.reset()
+    lm.logits_for(ids[:1])
+    for t in ids[1:30]:
+        stepped = lm.step(t)
+    assert torch.equal(stepped, read) and torch.equal(lm.last_hidden, hidden)
+    again = lm.logits_for(ids[:12] + [ids[40]] + ids[13:30])  # a rollback to the common prefix, then a new branch
+    assert lm.cached_ids == ids[:12] + [ids[40]] + ids[13:30] and not torch.equal(again, read)
+    assert torch.equal(lm.logits_for(ids[:30]), read)
+    assert read.shape == (lm.vocab_size,) and hidden.shape == (lm.hidden_size,) and hidden.abs().sum() > 0
+
+
+@pytest.mark.real
+def test_it_follows_the_fp32_torch_drafter(native, real_models):
+    lm, tok = native
+    model, _ = real_models(DRAFTER)
+    ref = TorchDraftLM(model, "float32")
+    ids = list(tok.encode(TEXT))
+    lm.apply_adapter(None)
+    lm.reset()
+    ref.reset()
+    same = total = 0
+    worst = 0.0
+    for i in range(8, len(ids)):
+        a, b = lm.logits_for(ids[:i]), ref.logits_for(ids[:i])
+        same += int(a.argmax() == b.argmax())
+        total += 1
+        worst = max(worst, float((a - b).abs().max()))
+    assert lm.vocab_size == ref.vocab_size and lm.hidden_size == ref.hidden_size
+    assert same / total >= 0.98, f"top-1 agreement {same}/{total}"
+    assert worst < 0.1, f"largest logit difference {worst:.3f}"  # logits span about +-30
+    assert torch.allclose(lm.last_hidden, ref.last_hidden, atol=0.05, rtol=0)
+
+
+@pytest.fixture(scope="module")
+def peft_drafter(real_models):
+    """The fp32 drafter under peft with a LoRA strong enough to move its logits far (B starts at zero)."""
+    from omnidraft.train import lora
+
+    model, _ = real_models(DRAFTER)
+    peft = lora.attach(copy.deepcopy(model), lora.lora_config(rank=8, alpha=16)).eval()
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, p in peft.named_parameters():
+            if "lora_" in name:
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.06)
+    return peft, lora.lora_state(peft), 16 / 8
+
+
+def _last_logits(peft, ids) -> torch.Tensor:
+    with torch.no_grad():
+        return peft(torch.tensor([ids])).logits[0, -1].float()
+
+
+@pytest.mark.real
+def test_an_adapter_gives_the_logits_of_torch_and_peft(native, peft_drafter):
+    lm, tok = native
+    peft, state, scaling = peft_drafter
+    ids = list(tok.encode(TEXT))[:40]
+    with peft.disable_adapter():
+        base_torch = _last_logits(peft, ids)
+    adapted_torch = _last_logits(peft, ids)
+    lm.apply_adapter(None)
+    base = lm.logits_for(ids).clone()
+    lm.apply_adapter(state, scaling)
+    adapted = lm.logits_for(ids).clone()
+    shift = (adapted_torch - base_torch).abs().max()
+    gap = (adapted_torch - adapted).abs().max()
+    assert shift > 2.0, "the adapter must move the logits far"
+    assert gap < 0.1, f"with the adapter the native logits are {gap:.3f} from torch + peft"
+    lm.apply_adapter(None)  # back to the base weights, exactly
+    assert torch.equal(lm.logits_for(ids), base)
+
+
+@pytest.mark.real
+def test_a_misfit_adapter_is_refused_and_a_fork_carries_the_adapter(native, peft_drafter):
+    lm, tok = native
+    _, state, scaling = peft_drafter
+    ids = list(tok.encode(TEXT))
+    lm.apply_adapter(state, scaling)
+    adapted = lm.logits_for(ids[:30]).clone()
+    key = next(k for k in state if k.endswith("q_proj.lora_A.weight"))
+    with pytest.raises(ValueError, match="do not fit"):  # another drafter's shapes: nothing changes
+        lm.apply_adapter({**state, key: torch.zeros(8, 7)}, scaling)
+    lm.reset()
+    assert torch.equal(lm.logits_for(ids[:30]), adapted)
+    other = lm.fork()
+    try:
+        lm.reset()
+        lm.logits_for(ids[:10])
+        assert torch.equal(other.logits_for(ids[:30]), adapted)  # same weights, same adapter
+        assert lm.cached_ids == ids[:10] and other.cached_ids == ids[:30]  # caches of their own
+        lm.apply_adapter(None)
+        assert torch.equal(other.logits_for(ids[:30]), adapted)  # an adapter is per instance
+    finally:
+        lm.apply_adapter(None)
+
+
+def test_a_gguf_it_cannot_run_is_refused_with_the_reason():
+    if kernels.qdraft() is None:
+        pytest.skip("the native drafter cannot run here")
+    with pytest.raises(NativeUnsupported, match="llama-architecture"):
+        load_native_model(models.gguf_of("builtin:qwen2.5-coder-0.5b", TEST_HOME, progress=False))
+
+
+@pytest.mark.real
+def test_greedy_with_the_native_drafter_is_the_targets_own_output(native, real_models):
+    lm, _ = native
+    lm.apply_adapter(None)
+    d_model, d_tok = real_models(DRAFTER)
+    t_model, t_tok = real_models("builtin:qwen2.5-coder-0.5b")
+    target = TorchTarget(t_model, t_tok)
+    bridge = build_bridge(d_model, d_tok, t_model, t_tok)
+    stop = [d for d, t in enumerate(bridge.d2t_list) if t in target.eos_ids]
+    decoder = SpeculativeDecoder(target, Drafter(lm, stop_ids=stop), bridge)
+    ids = encode_prompt(t_tok, "def fibonacci(n):\n")
+    plain = SpeculativeDecoder(target).generate(ids, DecodeConfig(max_new_tokens=32)).token_ids
+    got = decoder.generate(ids, DecodeConfig(max_new_tokens=32, draft_len=4, draft_stop="fixed")).token_ids
+    assert got == plain
+    assert decoder.stats.proposed_tokens > 0 and decoder.stats.accepted_tokens > 0
+
+
+@pytest.mark.real
+def test_the_pipeline_loads_it_without_the_torch_drafter_and_uses_the_pairs_adapter(tmp_path, native, peft_drafter,
+                                                                                      real_models):
+    from omnidraft.train.publish import save
+
+    peft, state, _ = peft_drafter
+    d_model, d_tok = real_models(DRAFTER)
+    _, t_tok = real_models("builtin:gemma3-270m")
+    save(tmp_path / "adapter", peft, {"identity": vars(identity_of(d_tok, t_tok, d_model)), "updates": 1})
+    pipe = load_pipeline("builtin:gemma3-270m", DRAFTER, home=TEST_HOME, quiet=True, adapter=str(tmp_path / "adapter"),
+                         drafter_backend="native")
+    assert isinstance(pipe.decoder.drafter.lm, NativeDraftLM) and pipe.drafter_model is None
+    assert pipe.drafter_backend == "native"
+    assert pipe.adapter_slot.identity.drafter_arch == architecture_fingerprint(d_model)  # without loading it
+    assert pipe.adapter_slot.current is not None and pipe.adapter_slot.current.state.keys() == state.keys()
