@@ -9,6 +9,7 @@ trained) into the drafter. It imports nothing from ``omnidraft.train``: decoding
 from __future__ import annotations
 
 import functools
+import gc
 
 import importlib.util
 import time
@@ -208,6 +209,7 @@ def load_pipeline(target_spec: str, drafter_spec: str | None, *, home=None, dtyp
                                                device=device)
     target_tok = target.tokenizer
     if not drafting:
+        settle_heap()
         return Pipeline(SpeculativeDecoder(target), target_spec, None, target_model, None, engine=engine)
     if drafter_backend == "auto" and drafter_dtype is None:  # after the target: what fails at once does
         chosen = choose_drafter_backend(drafter_spec, home, quiet).chosen
@@ -259,7 +261,20 @@ def load_pipeline(target_spec: str, drafter_spec: str | None, *, home=None, dtyp
     use_adapter(slot, adapter, quiet)
     decoder.cost_policy.drafter_weights(slot.weights)  # also when no adapter loaded: "none" may be news
     label = backend if backend in GGUF_BACKENDS or backend.startswith("onnx") else f"torch-{backend}"
+    settle_heap()
     return Pipeline(decoder, target_spec, drafter_spec, target_model, drafter_model, slot, engine, label)
+
+
+def settle_heap() -> None:
+    """Collect once, then exempt everything loaded so far from Python's garbage collector.
+
+    Tokenizers, vocabulary tables and model objects are a few hundred thousand long-lived objects; a
+    full collection walks all of them (a quarter of a second here) and Python starts one every few
+    thousand allocations, so decoding stalled at random steps, more often in the loop that allocates
+    more (the speculative one). Frozen objects are never walked again; what is allocated later still is.
+    """
+    gc.collect()
+    gc.freeze()
 
 
 GGUF_BACKENDS = {"llamacpp": "llama.cpp", "native": "native"}  # drafter backends that run its GGUF as it is

@@ -239,3 +239,18 @@ def test_a_drafter_far_behind_the_text_is_not_woken_to_explore_where_a_draft_bar
 
 def plan_unread(b: CostPolicy, k_max: int, unread: int) -> int:
     return b.allow(DRAFTER, False, k_max, unread)
+
+
+def test_a_lookup_exploration_on_a_compute_bound_target_verifies_a_few_tokens_not_all_it_could():
+    """Where every verified row costs (llama.cpp on a CPU: 16 proposals cost ~9 steps), an exploration
+    that loses must lose little: it drafts the length that would pay if the source were good, not
+    k_max. Where a verify costs about one step (torch, a GPU) that length is k_max."""
+    steep = measured_policy(VerifyCosts({0: 0.013, 1: 0.026, 2: 0.031, 4: 0.043, 8: 0.068, 16: 0.123}), drafter_s=0.005)
+    flat = measured_policy(VerifyCosts.flat(0.070), drafter_s=0.005)
+    for b in (steep, flat):
+        for _ in range(40):
+            observe_lookup(b, "context-4", 4, 0, 0.043)  # lookup has been wrong: only explorations draft
+    explored = [k for _ in range(4 * EXPLORE_EVERY) if (k := plan_lookup(steep, 16, "context-4"))]
+    assert explored and all(1 <= k <= 8 for k in explored), explored
+    explored_flat = [k for _ in range(4 * EXPLORE_EVERY) if (k := plan_lookup(flat, 16, "context-4"))]
+    assert explored_flat and all(k == 16 for k in explored_flat), explored_flat

@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     from omnidraft.sources.lookup import LOOKUP_MAX
     from omnidraft.rpc import read_token
     from omnidraft.rpc.server import log_start, serve
-    from omnidraft.runtime import load_target
+    from omnidraft.runtime import load_target, settle_heap
 
     if args.target.startswith(("grpc://", "grpcs://")):
         raise OmnidraftError("serve runs a model here: give a builtin, a folder or a .gguf file, not another server")
@@ -63,6 +63,7 @@ def run(args: argparse.Namespace) -> int:
     if hasattr(target, "warm_up"):  # torch: kernels chosen by timing (CPU) or captured (GPU) before clients come
         notice(f"preparing the verify kernels once (draft lengths 0-{min(args.max_draft, LOOKUP_MAX)}) …")
         target.warm_up(min(args.max_draft, LOOKUP_MAX))
+    settle_heap()
     builtin = models.builtin(args.target)
     served = serve(target, args.target, engine, host=args.host, port=args.port, token=token, tls=tls,
                    insecure=args.insecure, max_sessions=args.max_sessions, max_context=args.max_context,

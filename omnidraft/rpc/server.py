@@ -371,7 +371,7 @@ class SessionBudget:
         k = self.budget.best(self.acceptance, available)
         if k is None:  # no plain step timed yet on this server: make one
             return 0
-        return self.exploration.choose(k, 1, lambda: bool(self.budget.best(OPTIMISTIC_ACCEPTANCE, available)))
+        return self.exploration.choose(k, lambda: int(bool(self.budget.best(OPTIMISTIC_ACCEPTANCE, available))))  # one token
 
     def rest(self, k_max: int) -> bool:
         """Whether the device may stop drafting: a full draft would not be verified now, and no
