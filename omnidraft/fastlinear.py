@@ -9,8 +9,9 @@ case, where ``x @ W_t`` with a transposed copy of the LM head can beat ``F.linea
 Which kernel wins depends on the CPU (on one, F.linear is the fastest for two rows; on another a
 one-column product runs as a single-threaded GEMV and two rows are faster than one; the measured
 cases are in NOTES.md and docs/performance.md). So each (weight shape, rows) pair picks its kernel
-by timing the candidates once, on first use, in this process (:func:`_choose`); a one-row input may
-also run as two identical rows.
+by timing the candidates once, on first use (:func:`_choose`); a one-row input may also run as two
+identical rows. :func:`keep_choices_at` keeps the choices in a file per machine, so that a later
+process (a one-shot ``omnidraft generate``) does not time them again on its first requests.
 
 Same dtype, same weights, only the order of floating-point additions changes — as it does between
 any two GEMM kernels. The fast paths are active only inside :func:`enabled` (the decode engine
@@ -115,6 +116,57 @@ def _timing_weights(layer: torch.nn.Linear, has_t: bool) -> list[torch.Tensor]:
 
 
 _CHOICE: dict[tuple, Kernel] = {}  # (out, in, rows, dtype, has transposed copy) -> fastest
+_kept: dict = {}  # "path" and "machine" of the file the choices are kept in (see keep_choices_at)
+
+
+def _kernels_by_name() -> dict[str, Kernel]:
+    return {k.__name__: k for k in (_f_linear, _weights_first, _transposed, _two_rows, *_NATIVE)}
+
+
+def _key_text(key: tuple) -> str:
+    out, inp, rows, dtype, has_t = key
+    return f"{out},{inp},{rows},{str(dtype).removeprefix('torch.')},{int(has_t)}"
+
+
+def keep_choices_at(path, machine: str) -> None:
+    """Use the kernel choices timed earlier on ``machine`` (kept in ``path``), and keep new ones there.
+
+    ``machine`` names what a choice depends on (CPU model, torch version, the native kernel's build);
+    a file measured on another one is ignored and rewritten. An unreadable file is ignored too: the
+    choices are timed again, which is all it costs."""
+    import json
+
+    _kept.update(path=path, machine=machine)
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return
+    if not isinstance(doc, dict) or doc.get("machine") != machine or not isinstance(doc.get("choices"), dict):
+        return
+    names = _kernels_by_name()
+    for text, name in doc["choices"].items():
+        try:
+            out, inp, rows, dtype, has_t = str(text).split(",")
+            key = (int(out), int(inp), int(rows), getattr(torch, dtype), bool(int(has_t)))
+        except (ValueError, AttributeError):
+            continue
+        kernel = names.get(name)
+        if kernel is not None and isinstance(key[3], torch.dtype) and (kernel not in _NATIVE or kernels.linear_rows()):
+            _CHOICE.setdefault(key, kernel)
+
+
+def _save_choices() -> None:
+    if not _kept:
+        return
+    from omnidraft.errors import OmnidraftError
+    from omnidraft.fsutil import atomic_write_json
+
+    doc = {"machine": _kept["machine"], "choices": {_key_text(k): v.__name__ for k, v in _CHOICE.items()}}
+    try:
+        _kept["path"].parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(_kept["path"], doc)
+    except (OSError, OmnidraftError):  # a read-only home: timed again next time
+        _kept.clear()
 
 
 def _choose(layer: torch.nn.Linear, flat: torch.Tensor) -> Kernel:
@@ -137,6 +189,7 @@ def _choose(layer: torch.nn.Linear, flat: torch.Tensor) -> Kernel:
                     candidate(layer, weight, flat)
                 timings[i] = min(timings[i], time.perf_counter() - start)
         kernel = _CHOICE[key] = candidates[timings.index(min(timings))]
+        _save_choices()
     return kernel
 
 

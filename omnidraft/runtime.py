@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from omnidraft import models
+from omnidraft import fastlinear, models
 from omnidraft.adapter import store as adapters
 from omnidraft.adapter.slot import AdapterSlot
 from omnidraft.config import (
@@ -140,6 +140,7 @@ def load_target(spec: str, engine: str = "auto", *, home=None, dtype: str | None
         tokenizer = models.load_tokenizer(spec, home, progress=not quiet)
         return LlamaCppTarget(gguf, tokenizer), None, engine
     model, tokenizer = models.load(spec, home=home, dtype=dtype, progress=not quiet)
+    fastlinear.keep_choices_at(models.models_dir(home) / "costs" / "kernels.json", cost_machine())
     return torch_target(model, tokenizer, device, context or static.DEFAULT_CONTEXT), model, engine
 
 

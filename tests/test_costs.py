@@ -7,6 +7,8 @@ import math
 import pytest
 
 from omnidraft.costs import (
+    FIRST_WEIGHT,
+    STALL_FACTOR,
     AcceptanceStats,
     DraftCost,
     SequentialDraft,
@@ -170,12 +172,24 @@ def test_verify_costs_ema():
         V.observe(0, 0.040)
     assert math.isclose(V(0), 0.040, rel_tol=1e-6)
     before = V(1)
-    V.observe(1, 0.100)  # unmeasured: starts from the interpolation, first weight 0.5
-    assert math.isclose(V(1), before + 0.5 * (0.100 - before))
+    V.observe(1, 0.070)  # unmeasured: starts from the interpolation, first weight 0.5
+    assert math.isclose(V(1), before + 0.5 * (0.070 - before))
     assert 1 in V.table and V.observations[1] == 1
     V.observe(2, float("nan"))
     V.observe(2, -1.0)
     assert 2 not in V.table
+
+
+def test_a_one_off_stall_moves_the_verify_cost_at_most_by_the_stall_factor():
+    """A verify that stalled once (a GC pass, a kernel timed on its first call) must not make its k
+    look prohibitive: the policy would never draft it again, so never see its real cost."""
+    V = VerifyCosts({0: 0.068, 4: 0.111, 6: 0.122})
+    expected = V(5)
+    V.observe(5, 0.775)
+    assert V(5) <= expected * (1 + FIRST_WEIGHT * (STALL_FACTOR - 1)) + 1e-12
+    for _ in range(60):  # a cost that really is higher still gets there
+        V.observe(6, 0.500)
+    assert V(6) > 0.45
 
 
 def test_verify_costs_observations_change_the_decision():

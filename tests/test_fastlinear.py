@@ -71,6 +71,29 @@ def test_every_candidate_kernel_computes_f_linear_and_the_choice_is_kept(rows):
     assert fastlinear._choose(model.head, x) is chosen is fastlinear._CHOICE[(50, 32, rows, torch.float32, True)]
 
 
+def test_kernel_choices_are_kept_per_machine_for_the_next_process(tmp_path, monkeypatch):
+    """A one-shot CLI run would otherwise time every (shape, rows) again on its first requests."""
+    monkeypatch.setattr(fastlinear, "_CHOICE", {})
+    monkeypatch.setattr(fastlinear, "_kept", {})
+    path = tmp_path / "costs" / "kernels.json"
+    fastlinear.keep_choices_at(path, "cpu A")
+    model = fastlinear.install(Tiny(), transposed_head=True)
+    chosen = fastlinear._choose(model.head, torch.randn(3, 32))
+    assert path.is_file()
+    timed = []
+    monkeypatch.setattr(fastlinear, "_candidates", lambda *a: timed.append(a) or [fastlinear._f_linear])
+    for machine, reused in (("cpu A", True), ("cpu B", False)):  # another CPU's choice is timed again
+        fastlinear._CHOICE.clear()
+        fastlinear.keep_choices_at(path, machine)
+        got = fastlinear._choose(model.head, torch.randn(3, 32))
+        assert (got is chosen and not timed) if reused else (got is fastlinear._f_linear and len(timed) == 1)
+    path.write_text("{not json")  # damaged: ignored, timed again, rewritten
+    fastlinear._CHOICE.clear()
+    fastlinear.keep_choices_at(path, "cpu B")
+    fastlinear._choose(model.head, torch.randn(3, 32))
+    assert len(timed) == 2 and "cpu B" in path.read_text()
+
+
 def test_the_transposed_copy_follows_a_changed_weight():
     """A model converted to bf16 after install (a shared drafter copied at another dtype), or whose
     weights an adapter merge changed in place, must not compute with the old transposed copy."""

@@ -114,9 +114,14 @@ void linear_for(const QLinear& w, const QRows& x, float* y) {
   const int64_t rows = x.rows;
 #pragma omp for schedule(static) nowait
   for (int64_t o = 0; o < w.out; ++o) {
-    int64_t r = 0;
+    int64_t r = 0;  // one pass over the weight row per 4 activation rows, and one for the rest
     for (; r + 4 <= rows; r += 4) dot_rows<4>(w, o, x, r, y + r * w.out + o, w.out);
-    for (; r < rows; ++r) dot_rows<1>(w, o, x, r, y + r * w.out + o, w.out);
+    switch (rows - r) {
+      case 3: dot_rows<3>(w, o, x, r, y + r * w.out + o, w.out); break;
+      case 2: dot_rows<2>(w, o, x, r, y + r * w.out + o, w.out); break;
+      case 1: dot_rows<1>(w, o, x, r, y + r * w.out + o, w.out); break;
+      default: break;
+    }
   }
 }
 
