@@ -273,7 +273,10 @@ def settle_heap() -> None:
     full collection walks all of them (a quarter of a second here) and Python starts one every few
     thousand allocations, so decoding stalled at random steps, more often in the loop that allocates
     more (the speculative one). Frozen objects are never walked again; what is allocated later still is.
+    Each call first unfreezes, so garbage frozen by an earlier load (a pipeline dropped since, in a
+    reference cycle) is collected here rather than kept for the life of the process.
     """
+    gc.unfreeze()
     gc.collect()
     gc.freeze()
 
