@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 CostFn = Callable[[int], float] | Mapping[int, float]
 Acceptance = float | Sequence[float]
 FIRST_WEIGHT = 0.5  # weight of the first observation of an unmeasured k (see VerifyCosts.observe)
-STALL_FACTOR = 2.0  # an observed verify counts as at most this many times what the table expects
+STALL_FACTOR = 1.5  # an observed verify counts as at most this many times the next larger known k's cost
 
 
 def _check_alpha(alpha: float) -> float:
@@ -62,11 +62,12 @@ class VerifyCosts:
     ``observe(k, seconds)`` folds a verify time the loop measured into the table with an
     exponential moving average: ``V(k) <- (1 - alpha) * V(k) + alpha * seconds``. The first
     observation of an unmeasured k starts from the interpolated value with weight
-    ``max(alpha, FIRST_WEIGHT)`` so a real measurement quickly replaces a guess. An observation
-    counts as at most ``STALL_FACTOR`` times the table's value: a one-off stall (a garbage-collector
-    pass, a kernel timed on its first call for a new row count) once made V(5) read 775 ms between
-    V(4) = 111 and V(6) = 122, and a policy that then never drafts 5 never observes it again. A real
-    change still moves the table, by up to that factor per observation times the EMA weight.
+    ``max(alpha, FIRST_WEIGHT)`` so a real measurement quickly replaces a guess. Verifying more
+    proposals never costs less, so an observation counts as at most ``STALL_FACTOR`` times the cost
+    of the next larger k the table knows: a one-off stall (a garbage-collector pass, a kernel timed
+    on its first call for a new row count) once made V(5) read 775 ms between V(4) = 111 and
+    V(6) = 122, and a policy that then never drafts 5 never observes it again. The largest known k
+    has nothing above it and is taken as observed (a compute-bound target's costs must be learnt).
     """
 
     def __init__(self, table: Mapping[int, float], *, alpha: float = 0.1) -> None:
@@ -124,7 +125,9 @@ class VerifyCosts:
         else:
             prior, weight = self(k), max(self.alpha, FIRST_WEIGHT)
             bisect.insort(self._keys, k)
-        seconds = min(seconds, STALL_FACTOR * prior)
+        above = bisect.bisect_right(self._keys, k)
+        if above < len(self._keys):
+            seconds = min(seconds, STALL_FACTOR * self._table[self._keys[above]])
         self._table[k] = prior + weight * (seconds - prior)
         self.observations[k] = self.observations.get(k, 0) + 1
 

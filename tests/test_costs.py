@@ -186,8 +186,9 @@ def test_a_one_off_stall_moves_the_verify_cost_at_most_by_the_stall_factor():
     V = VerifyCosts({0: 0.068, 4: 0.111, 6: 0.122})
     expected = V(5)
     V.observe(5, 0.775)
-    assert V(5) <= expected * (1 + FIRST_WEIGHT * (STALL_FACTOR - 1)) + 1e-12
-    for _ in range(60):  # a cost that really is higher still gets there
+    assert V(5) <= expected + FIRST_WEIGHT * (STALL_FACTOR * 0.122 - expected) + 1e-12
+    assert V(5) < 0.16  # not 0.45, what the stall would have made it
+    for _ in range(60):  # the largest known k is taken as observed: a cost that really is higher gets there
         V.observe(6, 0.500)
     assert V(6) > 0.45
 
