@@ -43,6 +43,30 @@ def real_models():
 
 
 @pytest.fixture(scope="session")
+def peft_drafter(real_models):
+    """(peft model, its LoRA state, scaling): the fp32 drafter under peft with a random rank-8 LoRA
+    strong enough to move its logits far (peft starts B at zero), for the backends' adapter tests."""
+    import copy
+
+    from omnidraft.train import lora
+
+    model, _ = real_models(DRAFTER)
+    peft = lora.attach(copy.deepcopy(model), lora.lora_config(rank=8, alpha=16)).eval()
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, p in peft.named_parameters():
+            if "lora_" in name:
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.06)
+    return peft, lora.lora_state(peft), 16 / 8
+
+
+def last_logits(model, ids) -> torch.Tensor:
+    """A transformers model's float32 logits after ``ids``."""
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0, -1].float()
+
+
+@pytest.fixture(scope="session")
 def real_pipeline(real_models):
     """target spec -> (SpeculativeDecoder with SmolLM2 drafter, target model, target tokenizer)."""
     from omnidraft.decode import SpeculativeDecoder

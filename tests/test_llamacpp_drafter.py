@@ -9,11 +9,10 @@ keeps the target's own output.
 
 from __future__ import annotations
 
-import copy
 
 import pytest
 import torch
-from conftest import DRAFTER, TEST_HOME
+from conftest import DRAFTER, TEST_HOME, last_logits
 
 from omnidraft import models
 from omnidraft.adapter import gguf_lora
@@ -74,35 +73,14 @@ def test_it_agrees_with_the_fp32_torch_drafter(gguf_lm, real_models):
     assert same / total >= 0.9, f"top-1 agreement {same}/{total}"
 
 
-@pytest.fixture(scope="module")
-def peft_drafter(real_models):
-    """The fp32 drafter under peft with a LoRA strong enough to move its logits far past the
-    quantization gap between the two backends (B is zero when peft starts an adapter)."""
-    from omnidraft.train import lora
-
-    model, _ = real_models(DRAFTER)
-    peft = lora.attach(copy.deepcopy(model), lora.lora_config(rank=8, alpha=16)).eval()
-    gen = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, p in peft.named_parameters():
-            if "lora_" in name:
-                p.copy_(torch.randn(p.shape, generator=gen) * 0.06)
-    return peft, lora.lora_state(peft), 16 / 8
-
-
-def _last_logits(peft, ids) -> torch.Tensor:
-    with torch.no_grad():
-        return peft(torch.tensor([ids])).logits[0, -1].float()
-
-
 @pytest.mark.real
 def test_a_gguf_lora_gives_the_logits_of_torch_and_peft(gguf_lm, peft_drafter):
     lm, tok = gguf_lm
     peft, state, scaling = peft_drafter
     ids = list(tok.encode(TEXT))[:40]
     with peft.disable_adapter():
-        base_torch = _last_logits(peft, ids)
-    adapted_torch = _last_logits(peft, ids)
+        base_torch = last_logits(peft, ids)
+    adapted_torch = last_logits(peft, ids)
     lm.apply_adapter(None)
     lm.reset()
     base_gguf = lm.logits_for(ids).clone()
@@ -125,7 +103,7 @@ def test_without_the_q_k_row_permutation_the_adapter_lands_on_the_wrong_rows(ggu
     lm, tok = gguf_lm
     peft, state, scaling = peft_drafter
     ids = list(tok.encode(TEXT))[:40]
-    adapted_torch = _last_logits(peft, ids)
+    adapted_torch = last_logits(peft, ids)
     lm.apply_adapter(state, scaling)
     lm.reset()
     right = (lm.logits_for(ids) - adapted_torch).abs().max()

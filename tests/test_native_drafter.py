@@ -8,12 +8,11 @@ and greedy speculative decoding with it keeps the target's own output.
 
 from __future__ import annotations
 
-import copy
 import shutil
 
 import pytest
 import torch
-from conftest import DRAFTER, TEST_HOME
+from conftest import DRAFTER, TEST_HOME, last_logits
 
 from omnidraft import kernels, models
 from omnidraft.adapter.store import architecture_fingerprint, identity_of
@@ -86,34 +85,14 @@ def test_it_follows_the_fp32_torch_drafter(native, real_models):
     assert torch.allclose(lm.last_hidden, ref.last_hidden, atol=0.05, rtol=0)
 
 
-@pytest.fixture(scope="module")
-def peft_drafter(real_models):
-    """The fp32 drafter under peft with a LoRA strong enough to move its logits far (B starts at zero)."""
-    from omnidraft.train import lora
-
-    model, _ = real_models(DRAFTER)
-    peft = lora.attach(copy.deepcopy(model), lora.lora_config(rank=8, alpha=16)).eval()
-    gen = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, p in peft.named_parameters():
-            if "lora_" in name:
-                p.copy_(torch.randn(p.shape, generator=gen) * 0.06)
-    return peft, lora.lora_state(peft), 16 / 8
-
-
-def _last_logits(peft, ids) -> torch.Tensor:
-    with torch.no_grad():
-        return peft(torch.tensor([ids])).logits[0, -1].float()
-
-
 @pytest.mark.real
 def test_an_adapter_gives_the_logits_of_torch_and_peft(native, peft_drafter):
     lm, tok = native
     peft, state, scaling = peft_drafter
     ids = list(tok.encode(TEXT))[:40]
     with peft.disable_adapter():
-        base_torch = _last_logits(peft, ids)
-    adapted_torch = _last_logits(peft, ids)
+        base_torch = last_logits(peft, ids)
+    adapted_torch = last_logits(peft, ids)
     lm.apply_adapter(None)
     base = lm.logits_for(ids).clone()
     lm.apply_adapter(state, scaling)
