@@ -66,6 +66,27 @@ def last_logits(model, ids) -> torch.Tensor:
         return model(torch.tensor([ids])).logits[0, -1].float()
 
 
+def greedy_with_backend(lm, real_models, target_spec: str = "builtin:qwen2.5-coder-0.5b"):
+    """(tokens greedy speculative decoding gives with drafter backend ``lm``, the target's own greedy
+    tokens, that decoder's stats) on a torch target, drafting 4 tokens per step."""
+    from omnidraft.config import DecodeConfig
+    from omnidraft.decode import SpeculativeDecoder
+    from omnidraft.drafter import Drafter
+    from omnidraft.runtime import build_bridge, encode_prompt
+    from omnidraft.target import TorchTarget
+
+    d_model, d_tok = real_models(DRAFTER)
+    t_model, t_tok = real_models(target_spec)
+    target = TorchTarget(t_model, t_tok)
+    bridge = build_bridge(d_model, d_tok, t_model, t_tok)
+    stop = [d for d, t in enumerate(bridge.d2t_list) if t in target.eos_ids]
+    decoder = SpeculativeDecoder(target, Drafter(lm, stop_ids=stop), bridge)
+    ids = encode_prompt(t_tok, "def fibonacci(n):\n")
+    plain = SpeculativeDecoder(target).generate(ids, DecodeConfig(max_new_tokens=32)).token_ids
+    got = decoder.generate(ids, DecodeConfig(max_new_tokens=32, draft_len=4, draft_stop="fixed")).token_ids
+    return got, plain, decoder.stats
+
+
 @pytest.fixture(scope="session")
 def real_pipeline(real_models):
     """target spec -> (SpeculativeDecoder with SmolLM2 drafter, target model, target tokenizer)."""

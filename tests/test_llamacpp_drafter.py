@@ -12,19 +12,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import DRAFTER, TEST_HOME, last_logits
+from conftest import DRAFTER, TEST_HOME, greedy_with_backend, last_logits
 
 from omnidraft import models
 from omnidraft.adapter import gguf_lora
 from omnidraft.adapter.store import architecture_fingerprint, identity_of
-from omnidraft.config import DecodeConfig
-from omnidraft.decode import SpeculativeDecoder
-from omnidraft.drafter import Drafter
 from omnidraft.drafter.llamacpp_lm import LlamaCppDraftLM
 from omnidraft.drafter.torch_lm import TorchDraftLM
 from omnidraft.errors import OmnidraftError
-from omnidraft.runtime import build_bridge, encode_prompt, load_pipeline
-from omnidraft.target import TorchTarget
+from omnidraft.runtime import load_pipeline
 
 TEXT = ("def binary_search(items, target):\n    lo, hi = 0, len(items) - 1\n    while lo <= hi:\n"
         "        mid = (lo + hi) // 2\n        if items[mid] == target:\n            return mid\n")
@@ -142,17 +138,9 @@ def test_a_misfit_adapter_is_refused_and_a_fork_carries_the_adapter(gguf_lm, pef
 @pytest.mark.real
 def test_greedy_with_the_gguf_drafter_is_the_targets_own_output(gguf_lm, real_models):
     lm, _ = gguf_lm
-    d_model, d_tok = real_models(DRAFTER)
-    t_model, t_tok = real_models("builtin:qwen2.5-coder-0.5b")
-    target = TorchTarget(t_model, t_tok)
-    bridge = build_bridge(d_model, d_tok, t_model, t_tok)
-    stop = [d for d, t in enumerate(bridge.d2t_list) if t in target.eos_ids]
-    decoder = SpeculativeDecoder(target, Drafter(lm, stop_ids=stop), bridge)
-    ids = encode_prompt(t_tok, "def fibonacci(n):\n")
-    plain = SpeculativeDecoder(target).generate(ids, DecodeConfig(max_new_tokens=32)).token_ids
-    got = decoder.generate(ids, DecodeConfig(max_new_tokens=32, draft_len=4, draft_stop="fixed")).token_ids
+    got, plain, stats = greedy_with_backend(lm, real_models)
     assert got == plain
-    assert decoder.stats.proposed_tokens > 0 and decoder.stats.accepted_tokens > 0
+    assert stats.proposed_tokens > 0 and stats.accepted_tokens > 0
 
 
 @pytest.mark.real
