@@ -30,6 +30,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import NamedTuple
 
 CostFn = Callable[[int], float] | Mapping[int, float]
 Acceptance = float | Sequence[float]
@@ -67,7 +68,9 @@ class VerifyCosts:
     of the next larger k the table knows: a one-off stall (a garbage-collector pass, a kernel timed
     on its first call for a new row count) once made V(5) read 775 ms between V(4) = 111 and
     V(6) = 122, and a policy that then never drafts 5 never observes it again. The largest known k
-    has nothing above it and is taken as observed (a compute-bound target's costs must be learnt).
+    has nothing above it: its first observation counts as at most ``STALL_FACTOR`` times the
+    extrapolated cost (the same stall once made a new V(9) read 926 ms after V(8) = 137), and the
+    later ones as observed (a compute-bound target's costs must be learnt).
     """
 
     def __init__(self, table: Mapping[int, float], *, alpha: float = 0.1) -> None:
@@ -78,6 +81,7 @@ class VerifyCosts:
         self._table: dict[int, float] = clean
         self._keys: list[int] = sorted(clean)
         self.observations: dict[int, int] = {}
+        self.guessed: set[int] = set()  # points assumed, not measured (``flat``'s V(1)), until observed
 
     @classmethod
     def from_eval_ms(cls, eval_ms: Mapping[int, float], **kwargs) -> VerifyCosts:
@@ -88,7 +92,9 @@ class VerifyCosts:
     @classmethod
     def flat(cls, step_seconds: float, **kwargs) -> VerifyCosts:
         """A memory-bound target: every few-token verify costs one step (until observed otherwise)."""
-        return cls({0: step_seconds, 1: step_seconds}, **kwargs)
+        costs = cls({0: step_seconds, 1: step_seconds}, **kwargs)
+        costs.guessed.add(1)
+        return costs
 
     @property
     def table(self) -> dict[int, float]:
@@ -120,7 +126,8 @@ class VerifyCosts:
         """Fold one observed verify time (k proposals, seconds) into the table (EMA)."""
         if k < 0 or not _usable(seconds):
             return
-        if k in self._table:
+        new = k not in self._table
+        if not new:
             prior, weight = self._table[k], self.alpha
         else:
             prior, weight = self(k), max(self.alpha, FIRST_WEIGHT)
@@ -128,6 +135,9 @@ class VerifyCosts:
         above = bisect.bisect_right(self._keys, k)
         if above < len(self._keys):
             seconds = min(seconds, STALL_FACTOR * self._table[self._keys[above]])
+        elif new and len(self._keys) > 2 and not self.guessed.intersection(self._keys[-3:-1]):
+            seconds = min(seconds, STALL_FACTOR * prior)  # a new largest k, extrapolated from measured points
+        self.guessed.discard(k)
         self._table[k] = prior + weight * (seconds - prior)
         self.observations[k] = self.observations.get(k, 0) + 1
 
@@ -165,6 +175,16 @@ class DraftCost:
 
 
 # --------------------------------------------------------------------------------- acceptance
+
+
+class Prior(NamedTuple):
+    """Where a source's acceptance starts before any evidence: a mean, worth ``strength`` observations."""
+
+    mean: float
+    strength: float
+
+
+EVEN_PRIOR = Prior(0.5, 2.0)  # a source nothing is known about: an even chance, soon outweighed
 
 
 class AcceptanceStats:

@@ -244,7 +244,7 @@ class SpeculativeDecoder:
             if offer is None:
                 continue
             free_weighed |= candidate.free
-            k = policy.allow(offer.key, candidate.free, offer.limit, offer.unread)
+            k = policy.allow(offer.key, candidate.free, offer.limit, offer.unread, offer.prior)
             if k:
                 source, proposal = candidate, candidate.draft(ids, offer, k, times)
                 proposal.proposed = proposal.proposed[:room]

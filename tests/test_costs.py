@@ -193,6 +193,19 @@ def test_a_one_off_stall_moves_the_verify_cost_at_most_by_the_stall_factor():
     assert V(6) > 0.45
 
 
+def test_a_stall_on_the_first_verify_of_a_new_largest_k_is_capped_too():
+    """A new largest k has no larger neighbour to bound it: its first observation counts as at most
+    STALL_FACTOR times the extrapolation (a first call for a new row count that stalled for 1.7 s once
+    made V(9) read 926 ms after V(8) = 137 ms); repeated observations still count in full."""
+    V = VerifyCosts({0: 0.069, 4: 0.109, 8: 0.137})
+    expected = V(9)
+    V.observe(9, 1.7)
+    assert V(9) <= expected + FIRST_WEIGHT * (STALL_FACTOR * expected - expected) + 1e-12
+    for _ in range(60):
+        V.observe(9, 0.400)
+    assert V(9) > 0.35
+
+
 def test_verify_costs_observations_change_the_decision():
     V = VerifyCosts.flat(STEP)  # optimistic guess: verify is free
     assert best_draft_length(0.8, 0.002, V, 8) > 0

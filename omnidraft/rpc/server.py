@@ -346,18 +346,28 @@ class ProposalBudget:
                 return
             self.costs.observe(k, seconds)
 
-    def paid(self, accepted: int, seconds: float) -> bool:
-        """Whether a verifying forward emitted its ``accepted`` + 1 tokens faster than plain steps would."""
+    def explore_one(self, available: int, room: float) -> int:
+        """1 where a one-token exploration could pay at all and its worst case (V(1) - V(0)) fits in
+        ``room`` plain steps, else 0."""
+        if not self.best(OPTIMISTIC_ACCEPTANCE, available):
+            return 0
         with self.lock:
-            return self.costs is None or (accepted + 1) * self.costs(0) >= seconds
+            return int(self.costs(1) - self.costs(0) <= room * self.costs(0))
+
+    def lost_steps(self, accepted: int, seconds: float) -> float:
+        """Plain steps' worth of time a verifying forward lost against plain steps emitting its
+        ``accepted`` + 1 tokens (negative: it won)."""
+        with self.lock:
+            return 0.0 if self.costs is None else seconds / self.costs(0) - (accepted + 1)
 
 
 class SessionBudget:
     """One stream's side of :class:`ProposalBudget`: its acceptance, and when it explores. While
     drafting does not pay, a forward now and then verifies one drafted token anyway (when a draft
     could pay at all), so the estimates follow a drafter that improves; each exploration that lost
-    time makes the next twice as rare (the decoder's :class:`~omnidraft.sources.policy.Exploration`),
-    so a drafter that never pays costs the server almost nothing."""
+    time makes the next twice as rare, and all of them lose at most a small share of the stream's
+    forwards (the decoder's :class:`~omnidraft.sources.policy.Exploration`), so a drafter that never
+    pays costs the server almost nothing."""
 
     def __init__(self, budget: ProposalBudget) -> None:
         self.budget = budget
@@ -371,7 +381,7 @@ class SessionBudget:
         k = self.budget.best(self.acceptance, available)
         if k is None:  # no plain step timed yet on this server: make one
             return 0
-        return self.exploration.choose(k, lambda: int(bool(self.budget.best(OPTIMISTIC_ACCEPTANCE, available))))  # one token
+        return self.exploration.choose(k, lambda room: self.budget.explore_one(available, room))
 
     def rest(self, k_max: int) -> bool:
         """Whether the device may stop drafting: a full draft would not be verified now, and no
@@ -379,14 +389,14 @@ class SessionBudget:
         k = self.budget.best(self.acceptance, k_max)
         if k is None or k:
             return False
-        return not (self.exploration.due and self.budget.best(OPTIMISTIC_ACCEPTANCE, k_max))
+        return not (self.exploration.due and self.budget.explore_one(k_max, self.exploration.room))
 
     def learn(self, k: int, accepted: int, seconds: float, reads_prompt: bool) -> None:
         """Fold one forward in; ``reads_prompt``: it also read the context, so its time is no step's."""
         if not reads_prompt:
             self.budget.observe(k, seconds)
             if k:
-                self.exploration.settle(self.budget.paid(accepted, seconds))
+                self.exploration.settle(self.budget.lost_steps(accepted, seconds))
         self.acceptance.update(k, accepted)
 
 

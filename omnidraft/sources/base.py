@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from omnidraft.config import DecodeConfig
+from omnidraft.costs import EVEN_PRIOR, Prior
 from omnidraft.verify import rule_info
 from omnidraft.verify.proposal import Proposal
 
@@ -46,6 +47,7 @@ class Offer:
     limit: int  # most tokens it can propose now
     ids: list[int] = field(default_factory=list)  # a lookup's target ids (free to look up)
     unread: int = 0  # tokens the source must read before its first one (a drafter behind the text)
+    prior: Prior = EVEN_PRIOR  # this key's acceptance before any evidence (a long lookup match: high)
 
 
 @dataclass

@@ -18,7 +18,8 @@ One object (:class:`CostPolicy`) does the whole job, for every draft source alik
 - **explore**: a source the statistics turned off drafts anyway now and then (when drafting could
   pay at all), so the statistics follow a drafter or text that changes; each exploration that
   loses time makes the next one twice as rare (every ``EXPLORE_EVERY`` skipped steps at first, at
-  most every ``EXPLORE_MAX``), so a pair where drafting never pays costs almost nothing. One
+  most every ``EXPLORE_MAX``), and all of them together lose at most ``EXPLORE_SHARE`` of the
+  steps decoded, so a pair where drafting never pays costs almost nothing, even in short requests. One
   routine (:class:`Exploration`) serves every source: one schedule for the lookups, which cost
   nothing to draft, and one for the drafter.
 
@@ -32,6 +33,7 @@ is measured or learned.
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -44,8 +46,10 @@ from omnidraft.adapter.head import AcceptHead
 from omnidraft.config import DecodeConfig
 from omnidraft.console import warn
 from omnidraft.costs import (
+    EVEN_PRIOR,
     AcceptanceStats,
     DraftCost,
+    Prior,
     SequentialDraft,
     VerifyCosts,
     best_draft_length,
@@ -66,6 +70,7 @@ MEASURE_KS = (0, 1, 2, 3, 4, 6, 8)  # proposals per measured verify (k + 1 new t
 MEASURE_CONTEXT = 128  # context tokens behind the measured evals
 EXPLORE_EVERY = 16  # a skipped step drafts anyway this often, when drafting could pay at all
 EXPLORE_MAX = 256  # ... and, after explorations that lost time, up to this rarely (doubling each time)
+EXPLORE_SHARE = 0.01  # explorations may lose at most this share of the steps decoded (net of what they won)
 KEEP_ON_NEW_WEIGHTS = 0.25  # share of the drafter's acceptance evidence kept when its adapter changes
 OPTIMISTIC_ACCEPTANCE = 0.9  # "could pay at all": the best case a real drafter reaches
 DRAFTER = "drafter"  # the model drafter's acceptance key (lookup keys: "context-4", "history-3", …)
@@ -104,24 +109,42 @@ class ConfidenceCalibration:
 
 
 class Exploration:
-    """When a source the statistics turned off drafts anyway (one schedule per kind of source)."""
+    """When a source the statistics turned off drafts anyway (one schedule per kind of source).
 
-    def __init__(self) -> None:
+    Two bounds apply. The gap: an exploration comes after ``every`` skipped steps, and each one that
+    lost time doubles the gap (up to EXPLORE_MAX). The budget: all explorations together may lose at
+    most EXPLORE_SHARE of the steps this schedule has seen (in plain steps, net of what explorations
+    won), and an exploration drafts no more than the budget left could lose. The gap alone let a
+    short request on a target whose every verified row costs a step (llama.cpp on a CPU) lose 3-5%
+    to its first exploration; with the budget it explores once it has decoded enough for one lost
+    exploration to be a small share, and then with the length that budget affords.
+    """
+
+    def __init__(self, share: float = EXPLORE_SHARE) -> None:
         self.every = EXPLORE_EVERY
         self.since = 0  # skipped steps since the last exploration
         self.active = False  # the current step is an exploration
+        self.share = share
+        self.steps = 0  # steps this schedule has seen (drafted, explored or plain)
+        self.lost = 0.0  # plain steps' worth of time the explorations lost (negative: won)
 
-    def choose(self, k: int, explore_k: Callable[[], int]) -> int:
-        """``k`` as decided, or, when a skipped step is due to explore, ``explore_k()``: the length that
-        would pay if the source were as good as a real one gets (0: none could, do not explore). On a
-        target whose verify grows with every row, that keeps an exploration that loses cheap (4 rows
-        where it once verified 16)."""
+    @property
+    def room(self) -> float:
+        """Plain steps' worth of time an exploration may lose now."""
+        return self.share * self.steps - self.lost
+
+    def choose(self, k: int, explore_k: Callable[[float], int]) -> int:
+        """``k`` as decided, or, when a skipped step is due to explore, ``explore_k(room)``: the length
+        that would pay if the source were as good as a real one gets, among those whose loss, should
+        every token be rejected, fits in ``room`` plain steps (0: none, do not explore now). On a
+        target whose verify grows with every row, that keeps an exploration that loses cheap."""
         self.active = False
+        self.steps += 1
         if k:
             return k
         self.since += 1
         if self.since >= self.every:
-            k = explore_k()
+            k = explore_k(self.room)
             if k:
                 self.since, self.active = 0, True  # the statistics must see drafts to notice that they could pay
             return k
@@ -130,17 +153,45 @@ class Exploration:
     def skip(self) -> None:
         """A step with nothing to explore with (no draft at hand) still counts toward the next exploration."""
         self.since += 1
+        self.steps += 1
 
     @property
     def due(self) -> bool:
-        """The next skipped step explores (if drafting could pay at all)."""
+        """The gap has passed: the next skipped step explores, if drafting could pay at all and the
+        budget affords it (what ``explore_k`` says)."""
         return self.since + 1 >= self.every
 
-    def settle(self, paid: bool) -> None:
-        """After an exploration: one that lost time makes the next twice as rare, one that paid resets."""
+    def settle(self, lost_steps: float) -> None:
+        """After an exploration that lost ``lost_steps`` plain steps' worth of time (negative: it won):
+        one that lost makes the next twice as rare, one that paid resets the gap."""
         if self.active:
-            self.every = EXPLORE_EVERY if paid else min(2 * self.every, EXPLORE_MAX)
+            self.lost += lost_steps
+            self.every = EXPLORE_EVERY if lost_steps <= 0 else min(2 * self.every, EXPLORE_MAX)
             self.active = False
+
+    def restart(self) -> None:
+        """Explore again within EXPLORE_EVERY steps (the source changed); the budget carries on."""
+        self.every, self.since = EXPLORE_EVERY, 0
+
+    def state(self) -> list[float]:
+        return [self.steps, self.lost]
+
+    def restore(self, saved: object) -> None:
+        """Take a saved ``state()``; anything malformed leaves a fresh budget."""
+        if (isinstance(saved, list) and len(saved) == 2 and all(isinstance(x, (int, float)) for x in saved)
+                and saved[0] >= 0 and math.isfinite(saved[1])):
+            self.steps, self.lost = int(saved[0]), float(saved[1])
+
+
+def explore_length(d: float, costs: Callable[[int], float], k_max: int, room: float) -> int:
+    """The length an exploration drafts: the best one at OPTIMISTIC_ACCEPTANCE among those whose
+    worst case (every token rejected: V(k) + k d - V(0)) loses at most ``room`` plain steps."""
+    v0, cap = costs(0), 0
+    for k in range(1, k_max + 1):
+        if costs(k) + k * d - v0 > room * v0:
+            break
+        cap = k
+    return best_draft_length(OPTIMISTIC_ACCEPTANCE, d, costs, cap) if cap else 0
 
 
 CATCH_UP_STEPS = 8  # drafting steps a catch-up read is spread over in the decision to draft
@@ -152,7 +203,7 @@ class SourcePolicy(Protocol):
     needs_measuring: bool
 
     def order(self, sources: Sequence[DraftSource]) -> list[DraftSource]: ...
-    def allow(self, key: str, free: bool, k_max: int, unread: int = 0) -> int: ...
+    def allow(self, key: str, free: bool, k_max: int, unread: int = 0, prior: Prior = EVEN_PRIOR) -> int: ...
     def stop_rule(self, k_max: int, head: AcceptHead | None) -> StopRule | None: ...
     def learn(self, step: StepResult, reads_prompt: bool) -> None: ...
     def save(self) -> None: ...
@@ -172,7 +223,7 @@ class NoCostPolicy:
     def order(self, sources: Sequence[DraftSource]) -> list[DraftSource]:
         return free_first(sources)
 
-    def allow(self, key: str, free: bool, k_max: int, unread: int = 0) -> int:
+    def allow(self, key: str, free: bool, k_max: int, unread: int = 0, prior: Prior = EVEN_PRIOR) -> int:
         return k_max
 
     def stop_rule(self, k_max: int, head: AcceptHead | None) -> StopRule | None:
@@ -226,10 +277,11 @@ class CostPolicy:
         """The model drafter's per-position acceptance."""
         return self.acceptance[DRAFTER]
 
-    def acceptance_for(self, key: str) -> AcceptanceStats:
-        """A source key's statistics; one seen for the first time starts from an even prior."""
+    def acceptance_for(self, key: str, prior: Prior = EVEN_PRIOR) -> AcceptanceStats:
+        """A source key's statistics; one seen for the first time starts from ``prior``."""
         if key not in self.acceptance:
-            self.acceptance[key] = AcceptanceStats(self.k_max, prior_mean=0.5, decay=0.995)
+            self.acceptance[key] = AcceptanceStats(self.k_max, prior_mean=prior.mean, prior_strength=prior.strength,
+                                                   decay=0.995)
         return self.acceptance[key]
 
     # ---- measure
@@ -286,9 +338,11 @@ class CostPolicy:
                 "draft_s": self.draft_cost.seconds_per_token if self.draft_cost.known else None,
                 "read_s": self.read_cost.seconds_per_token if self.read_cost.known else None,
                 "stats": {"tried": self.stats.tried, "accepted": self.stats.accepted},
-                "lookup": {key: {"tried": st.tried, "accepted": st.accepted} for key, st in lookups.items()},
+                "lookup": {key: {"tried": st.tried, "accepted": st.accepted, "prior": [st.prior_mean, st.prior_strength]}
+                           for key, st in lookups.items()},
                 "calibration": {"tried": self.calibration.tried, "accepted": self.calibration.accepted},
-                "weights": self.weights, "machine": self.machine}
+                "weights": self.weights, "machine": self.machine,
+                "explore": {"drafter": self.explorations[False].state(), "lookup": self.explorations[True].state()}}
 
     def restore(self, state: dict) -> bool:
         """Take a saved state; False (and nothing changed) for anything malformed."""
@@ -315,6 +369,9 @@ class CostPolicy:
             self.calibration.tried, self.calibration.accepted = c_tried, c_accepted
             weights = state.get("weights")
             self.weights = weights if isinstance(weights, str) else None
+            explore = state.get("explore") if isinstance(state.get("explore"), dict) else {}
+            self.explorations[False].restore(explore.get("drafter"))
+            self.explorations[True].restore(explore.get("lookup"))
         return ok
 
     def drafter_weights(self, key: str) -> None:
@@ -327,7 +384,7 @@ class CostPolicy:
         self.weights = key
         self.stats.discount(KEEP_ON_NEW_WEIGHTS)
         self.calibration.discount(KEEP_ON_NEW_WEIGHTS)
-        self.explorations[False] = Exploration()
+        self.explorations[False].restart()
 
     def _restore_lookup(self, saved: object) -> dict[str, AcceptanceStats]:
         """The per-source lookup statistics of a saved state; what is malformed is left out."""
@@ -335,11 +392,12 @@ class CostPolicy:
         for key, counts in (saved.items() if isinstance(saved, dict) else ()):
             try:
                 tried, accepted = [float(x) for x in counts["tried"]], [float(x) for x in counts["accepted"]]
-            except (KeyError, TypeError, ValueError):
+                prior = Prior(*(float(x) for x in counts.get("prior", EVEN_PRIOR)))
+            except (KeyError, TypeError, ValueError, AttributeError):
                 continue
             if isinstance(key, str) and key != DRAFTER and len(tried) == len(accepted) == self.k_max and all(
-                    0 <= a <= t for a, t in zip(accepted, tried)):
-                stats = self.acceptance_for(key)
+                    0 <= a <= t for a, t in zip(accepted, tried)) and 0.0 < prior.mean < 1.0 and prior.strength > 0:
+                stats = self.acceptance_for(key, prior)
                 stats.tried, stats.accepted = tried, accepted
                 out[key] = stats
         return out
@@ -373,12 +431,13 @@ class CostPolicy:
     def order(self, sources: Sequence[DraftSource]) -> list[DraftSource]:
         return free_first(sources)
 
-    def allow(self, key: str, free: bool, k_max: int, unread: int = 0) -> int:
+    def allow(self, key: str, free: bool, k_max: int, unread: int = 0, prior: Prior = EVEN_PRIOR) -> int:
         """How many tokens source ``key`` may draft this step (0: not this source). A source that
         drafts token by token (not ``free``) gets all of ``k_max`` once drafting pays at all: its
         stop rule, :meth:`stop_rule`, ends the draft where one more token stops paying. ``unread``:
         tokens it must read first (a drafter that sat out plain steps); that read is charged to
-        this draft, so a long-idle drafter is not woken to explore where a draft barely pays."""
+        this draft, so a long-idle drafter is not woken to explore where a draft barely pays.
+        ``prior``: the acceptance a key seen for the first time starts from (``Offer.prior``)."""
         d = 0.0 if free else self.draft_cost.seconds_per_token
         costs = self._capped_verify()
         # amortised over the steps a caught-up drafter then drafts in: charging all of it to one draft
@@ -387,8 +446,8 @@ class CostPolicy:
         if setup > 0:
             verify = costs
             costs = lambda k: verify(k) + (setup if k else 0.0)  # noqa: E731
-        k = best_draft_length(self.acceptance_for(key).rates(k_max), d, costs, k_max)
-        k = self.explorations[free].choose(k, lambda: best_draft_length(OPTIMISTIC_ACCEPTANCE, d, costs, k_max))
+        k = best_draft_length(self.acceptance_for(key, prior).rates(k_max), d, costs, k_max)
+        k = self.explorations[free].choose(k, lambda room: explore_length(d, costs, k_max, room))
         if free:
             return k
         self.choices[k] = self.choices.get(k, 0) + 1
@@ -421,8 +480,8 @@ class CostPolicy:
             self.read_cost.observe(step.times.catch_up_tokens, step.times.catch_up_s)
         if not reads_prompt:
             self.verify_costs.observe(step.proposed, step.verify_s)
-            paid = (step.kept + 1) * self._capped_verify()(0) >= step.draft_s + step.verify_s
-            self.explorations[step.free].settle(paid)
+            plain = self._capped_verify()(0)
+            self.explorations[step.free].settle((step.draft_s + step.verify_s) / plain - (step.kept + 1))
         self.acceptance_for(step.key).update(step.drafted, step.kept)
         probs = self._stop.probs if self._stop is not None and not step.free else []
         for i, q in enumerate(probs[: step.kept + 1]):  # conditional on the ones before being kept
