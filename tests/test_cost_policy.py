@@ -304,3 +304,21 @@ def test_a_long_lookup_match_drafts_from_its_first_step_where_a_short_one_waits_
     assert b.allow(long, True, 16, 0, match_prior(12)) == 0
     restored = CostPolicy()
     assert restored.restore(b.state()) and (restored.acceptance[long].prior_mean, restored.acceptance[long].prior_strength) == LONG_MATCH_PRIOR
+
+
+def test_a_long_match_that_stops_paying_in_this_text_is_turned_off_within_a_few_dozen_drafts():
+    """Whether a copy continues is a property of the text being written: a key right 200 times in
+    earlier text, now right and wrong in turn (a list whose items diverge after a few tokens), must
+    stop drafting within this prompt, not after hundreds of drafts."""
+    b = measured_policy(VerifyCosts(GEMMA_LLAMA_CPP), drafter_s=0.005)
+    key, prior = match_key("context", 12), match_prior(12)
+    for _ in range(200):
+        observe_lookup(b, key, 5, 5, b.verify_costs(5))
+    assert b.allow(key, True, 16, 0, prior) > 0
+    drafted = []
+    for i in range(40):
+        k = b.allow(key, True, 16, 0, prior)
+        drafted.append(k)
+        if k:
+            observe_lookup(b, key, k, k if i % 2 else 0, b.verify_costs(k))
+    assert drafted[-10:] == [0] * 10, drafted

@@ -72,6 +72,9 @@ EXPLORE_EVERY = 16  # a skipped step drafts anyway this often, when drafting cou
 EXPLORE_MAX = 256  # ... and, after explorations that lost time, up to this rarely (doubling each time)
 EXPLORE_SHARE = 0.01  # explorations may lose at most this share of the steps decoded (net of what they won)
 KEEP_ON_NEW_WEIGHTS = 0.25  # share of the drafter's acceptance evidence kept when its adapter changes
+# a lookup key's evidence fades over its last ~20 drafts: whether a copy continues is a property of the
+# text being written (a docstring repeated, a list that diverges every few items), not of a model
+LOOKUP_DECAY = 0.95
 OPTIMISTIC_ACCEPTANCE = 0.9  # "could pay at all": the best case a real drafter reaches
 DRAFTER = "drafter"  # the model drafter's acceptance key (lookup keys: "context-4", "history-3", …)
 STATE_FORMAT = 2
@@ -281,7 +284,7 @@ class CostPolicy:
         """A source key's statistics; one seen for the first time starts from ``prior``."""
         if key not in self.acceptance:
             self.acceptance[key] = AcceptanceStats(self.k_max, prior_mean=prior.mean, prior_strength=prior.strength,
-                                                   decay=0.995)
+                                                   decay=LOOKUP_DECAY)
         return self.acceptance[key]
 
     # ---- measure
