@@ -19,7 +19,8 @@ One object (:class:`CostPolicy`) does the whole job, for every draft source alik
   pay at all), so the statistics follow a drafter or text that changes; each exploration that
   loses time makes the next one twice as rare (every ``EXPLORE_EVERY`` skipped steps at first, at
   most every ``EXPLORE_MAX``), and all of them together lose at most ``EXPLORE_SHARE`` of the
-  steps decoded, so a pair where drafting never pays costs almost nothing, even in short requests. One
+  steps they were asked about, so a pair where drafting never pays costs almost nothing, even in
+  short requests. One
   routine (:class:`Exploration`) serves every source: one schedule for the lookups, which cost
   nothing to draft, and one for the drafter.
 
@@ -116,11 +117,12 @@ class Exploration:
 
     Two bounds apply. The gap: an exploration comes after ``every`` skipped steps, and each one that
     lost time doubles the gap (up to EXPLORE_MAX). The budget: all explorations together may lose at
-    most EXPLORE_SHARE of the steps this schedule has seen (in plain steps, net of what explorations
-    won), and an exploration drafts no more than the budget left could lose. The gap alone let a
-    short request on a target whose every verified row costs a step (llama.cpp on a CPU) lose 3-5%
-    to its first exploration; with the budget it explores once it has decoded enough for one lost
-    exploration to be a small share, and then with the length that budget affords.
+    most EXPLORE_SHARE of the steps this schedule was asked about (steps where its kind of source had
+    a draft to offer), in plain steps net of what explorations won, and an exploration drafts no more
+    than the budget left could lose. The gap alone let a short request on a target whose every
+    verified row costs a step (llama.cpp on a CPU) lose several percent to its first exploration;
+    with the budget it explores once enough was decoded for one lost exploration to be a small
+    share, and then with the length the budget affords.
     """
 
     def __init__(self, share: float = EXPLORE_SHARE) -> None:
@@ -128,13 +130,13 @@ class Exploration:
         self.since = 0  # skipped steps since the last exploration
         self.active = False  # the current step is an exploration
         self.share = share
-        self.steps = 0  # steps this schedule has seen (drafted, explored or plain)
+        self.steps = 0  # steps this schedule was asked about (drafted, explored or not)
         self.lost = 0.0  # plain steps' worth of time the explorations lost (negative: won)
 
     @property
     def room(self) -> float:
-        """Plain steps' worth of time an exploration may lose now."""
-        return self.share * self.steps - self.lost
+        """Plain steps' worth of time an exploration may lose now (unbounded without a budget)."""
+        return math.inf if math.isinf(self.share) else self.share * self.steps - self.lost
 
     def choose(self, k: int, explore_k: Callable[[float], int]) -> int:
         """``k`` as decided, or, when a skipped step is due to explore, ``explore_k(room)``: the length
@@ -260,7 +262,10 @@ class CostPolicy:
         self.k_max = k_max
         self.acceptance: dict[str, AcceptanceStats] = {DRAFTER: AcceptanceStats(k_max, prior_mean=0.6, decay=0.995)}
         self.calibration = ConfidenceCalibration()
-        self.explorations = {False: Exploration(), True: Exploration()}  # by source.free: the drafter, the lookups
+        # by source.free: the drafter (no budget: where it could pay at all it usually does, and its
+        # explorations must find that soon) and the lookups (budgeted: where a verified row costs a
+        # step, a lookup that fails loses several)
+        self.explorations = {False: Exploration(share=math.inf), True: Exploration()}
         self.choices: dict[int, int] = {}  # the drafter's allowance -> steps (what the policy did)
         self.weights: str | None = None  # the drafter's adapter version its statistics describe (None: unknown)
         self.path = path  # where the state is kept (None: in memory only)
