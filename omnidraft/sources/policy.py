@@ -71,7 +71,7 @@ MEASURE_KS = (0, 1, 2, 3, 4, 6, 8)  # proposals per measured verify (k + 1 new t
 MEASURE_CONTEXT = 128  # context tokens behind the measured evals
 EXPLORE_EVERY = 16  # a skipped step drafts anyway this often, when drafting could pay at all
 EXPLORE_MAX = 256  # ... and, after explorations that lost time, up to this rarely (doubling each time)
-EXPLORE_SHARE = 0.01  # explorations may lose at most this share of the steps decoded (net of what they won)
+EXPLORE_SHARE = 0.01  # lookup explorations may lose at most this share of the steps with a lookup on offer
 KEEP_ON_NEW_WEIGHTS = 0.25  # share of the drafter's acceptance evidence kept when its adapter changes
 # a lookup key's evidence fades over its last ~20 drafts: whether a copy continues is a property of the
 # text being written (a docstring repeated, a list that diverges every few items), not of a model
@@ -350,7 +350,7 @@ class CostPolicy:
                            for key, st in lookups.items()},
                 "calibration": {"tried": self.calibration.tried, "accepted": self.calibration.accepted},
                 "weights": self.weights, "machine": self.machine,
-                "explore": {"drafter": self.explorations[False].state(), "lookup": self.explorations[True].state()}}
+                "lookup_budget": self.explorations[True].state()}  # the drafter's explorations have none
 
     def restore(self, state: dict) -> bool:
         """Take a saved state; False (and nothing changed) for anything malformed."""
@@ -377,9 +377,7 @@ class CostPolicy:
             self.calibration.tried, self.calibration.accepted = c_tried, c_accepted
             weights = state.get("weights")
             self.weights = weights if isinstance(weights, str) else None
-            explore = state.get("explore") if isinstance(state.get("explore"), dict) else {}
-            self.explorations[False].restore(explore.get("drafter"))
-            self.explorations[True].restore(explore.get("lookup"))
+            self.explorations[True].restore(state.get("lookup_budget"))
         return ok
 
     def drafter_weights(self, key: str) -> None:
