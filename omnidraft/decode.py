@@ -3,8 +3,9 @@
 One step (:meth:`SpeculativeDecoder.step`), top to bottom:
 
 1. draft: the draft sources (prompt lookup in the context, the lookup history, the model drafter:
-   ``omnidraft/sources``) are asked in the cost policy's order; the first whose offer the policy
-   takes proposes up to k target ids. None: a plain target step;
+   ``omnidraft/sources``) each offer what they could propose, and the policy picks at most one
+   offer (the cost policy: the one expected to emit the most tokens per second), which proposes
+   up to k target ids. None: a plain target step;
 2. verify: one target forward scores the unread context and the proposals, and the verification
    rule keeps n of them and picks the next token (where the target runs: ``target/base.py``);
 3. accept: the kept proposals plus that token, cut at end-of-sequence and at ``max_new_tokens``;
@@ -31,7 +32,7 @@ from omnidraft.drafter import Drafter
 from omnidraft.errors import OmnidraftError
 from omnidraft.ngram.trie import NgramCache, NgramTrie
 from omnidraft.observer import DecodeObserver
-from omnidraft.sources import SOURCES, DraftSource, Parts, StepResult, StepTimes
+from omnidraft.sources import SOURCES, DraftSource, Offer, Parts, StepResult, StepTimes
 from omnidraft.sources.history import LookupHistory
 from omnidraft.sources.policy import AheadPolicy, CostPolicy, NoCostPolicy, SourcePolicy
 from omnidraft.target import Target
@@ -235,20 +236,14 @@ class SpeculativeDecoder:
         """One speculative step after the context ``ids`` (see the module docstring)."""
         room = config.max_new_tokens - self.stats.new_tokens - 1  # proposals that fit: the last token is the target's
         times = StepTimes()
-        # 1) draft: the first source whose offer the policy takes (none, or no room: a plain target step)
-        source, offer, proposal, free_weighed = None, None, None, False
-        for candidate in sources if room > 0 else ():
-            if candidate.free and free_weighed:
-                continue  # of the free sources only the first match is weighed: the context before the history
-            offer = candidate.offer(ids, room)
-            if offer is None:
-                continue
-            free_weighed |= candidate.free
-            k = policy.allow(offer.key, candidate.free, offer.limit, offer.unread, offer.prior)
-            if k:
-                source, proposal = candidate, candidate.draft(ids, offer, k, times)
-                proposal.proposed = proposal.proposed[:room]
-                break
+        # 1) draft: the offer the policy takes (none, or no room: a plain target step)
+        offers = self._offers(ids, sources, room)
+        chosen, k = policy.choose([(offer, source.free) for source, offer in offers])
+        source, offer, proposal = None, None, None
+        if chosen >= 0:
+            source, offer = offers[chosen]
+            proposal = source.draft(ids, offer, k, times)
+            proposal.proposed = proposal.proposed[:room]
         # 2) verify: one target forward over the unread context and the proposals; the rule decides
         t0 = time.perf_counter()
         verdict = self.verifier.verify(ids, proposal, config, rows)
@@ -267,6 +262,21 @@ class SpeculativeDecoder:
             s.accept(step)
         times.translate_s += time.perf_counter() - t1
         return step
+
+    @staticmethod
+    def _offers(ids: list[int], sources: Sequence[DraftSource], room: int) -> list[tuple[DraftSource, Offer]]:
+        """What each source could propose now. Of the free sources only the first match is offered:
+        the context before the history."""
+        offers: list[tuple[DraftSource, Offer]] = []
+        free_offered = False
+        for source in sources if room > 0 else ():
+            if source.free and free_offered:
+                continue
+            offer = source.offer(ids, room)
+            if offer is not None:
+                offers.append((source, offer))
+                free_offered |= source.free
+        return offers
 
     def _account(self, step: StepResult, policy: SourcePolicy, reads_prompt: bool) -> None:
         """The one place a step is counted: the request's stats and what the policy learns."""

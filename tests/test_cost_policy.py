@@ -3,21 +3,25 @@ when it can, and the output stays the target's either way (tiny random models)."
 
 from __future__ import annotations
 
+import math
+
 from tiny import tiny_pair
 
 from omnidraft.config import DecodeConfig
-from omnidraft.costs import DraftCost, VerifyCosts
+from omnidraft.costs import DraftCost, VerifyCosts, best_draft_length
 from omnidraft.decode import SpeculativeDecoder
 from omnidraft.runtime import make_drafter
-from omnidraft.sources.base import StepResult, StepTimes
+from omnidraft.sources.base import Offer, StepResult, StepTimes
 from omnidraft.sources.lookup import LONG_MATCH, LONG_MATCH_PRIOR, match_key, match_prior
 from omnidraft.sources.policy import (
     DRAFTER,
     EXPLORE_EVERY,
     EXPLORE_MAX,
     EXPLORE_SHARE,
+    OPTIMISTIC_ACCEPTANCE,
     CostAwareStop,
     CostPolicy,
+    explore_length,
 )
 from omnidraft.verify.proposal import Proposal
 
@@ -166,6 +170,7 @@ def test_costs_are_measured_at_the_first_request_and_timed_apart_from_it():
     table = decoder.cost_policy.cost_table_ms()
     assert set(table) >= {0, 1, 2, 4, 8} and all(v > 0 for v in table.values())
     assert decoder.cost_policy.draft_cost.seconds_per_token > 0
+    assert decoder.cost_policy.read_cost.known  # a catch-up read is not taken as free before the first one
     # the one-time measurement is reported on its own, not in the request's tok/s, and the engines
     # it used were reset: the request reads its prompt itself and decodes what the target alone does
     assert first.stats.measure_s > 0 and first.token_ids == expected
@@ -322,3 +327,40 @@ def test_a_long_match_that_stops_paying_in_this_text_is_turned_off_within_a_few_
         if k:
             observe_lookup(b, key, k, k if i % 2 else 0, b.verify_costs(k))
     assert drafted[-10:] == [0] * 10, drafted
+
+
+def test_of_the_offers_that_pay_the_one_expected_to_emit_the_most_tokens_per_second_drafts():
+    """On a memory-bound target a two-token lookup at an even prior pays, and so does a drafter that
+    is usually right: the drafter, expected to emit more per second, must draft (the first offer
+    that pays used to, which left the drafter behind the text). A long match, a copy, beats it."""
+    torch_like = {0: 0.100, 1: 0.104, 2: 0.108, 4: 0.116, 8: 0.132}  # a verify of 8 costs 1.3 steps
+    b = measured_policy(VerifyCosts(torch_like), drafter_s=0.008)
+    for _ in range(60):
+        b.stats.update(8, 7)  # the drafter: about 0.9 of its tokens kept
+    short = Offer(match_key("context", 2), 2, [1, 2], prior=match_prior(2))
+    drafter = Offer(DRAFTER, 8)
+    assert b.allow(short.key, True, 2, 0, short.prior) == 2  # alone, the lookup pays
+    assert b.choose([(short, True), (drafter, False)]) == (1, 8)
+    copy = Offer(match_key("context", 12), 8, list(range(8)), prior=match_prior(12))
+    chosen, k = b.choose([(copy, True), (drafter, False)])
+    assert chosen == 0 and k > 2
+    b.stats.tried, b.stats.accepted = [0.0] * 16, [0.0] * 16
+    for _ in range(60):
+        b.stats.update(8, 0)  # a drafter that is always wrong: the short lookup is the better offer
+    assert b.choose([(short, True), (drafter, False)]) == (0, 2)
+
+
+def test_a_drafter_whose_best_case_barely_beats_a_plain_step_is_not_explored():
+    """Qwen-0.5B on llama.cpp (a verified row costs most of a step) with a 5 ms drafter: at the
+    best acceptance a real drafter reaches, a draft would beat a plain step by about 1%, which an
+    exploration's verify and read never earn back. A target whose verify costs about a step is
+    explored within EXPLORE_EVERY steps."""
+    llama_cpp = {0: 0.023, 1: 0.040, 2: 0.051, 3: 0.061, 4: 0.073, 6: 0.093, 8: 0.116}  # measured in a bench
+    b = measured_policy(VerifyCosts(llama_cpp), drafter_s=0.005)
+    assert explore_length(0.005, b.verify_costs, 8, math.inf) == 0
+    assert best_draft_length(OPTIMISTIC_ACCEPTANCE, 0.005, b.verify_costs, 8) > 0  # it could pay, barely
+    assert all(plan(b, 8) == 0 for _ in range(20 * EXPLORE_MAX))
+    flat = measured_policy(VerifyCosts({0: 0.050, 1: 0.051, 8: 0.055}), drafter_s=0.005)
+    for _ in range(60):
+        flat.stats.update(8, 0)  # turned off by its evidence
+    assert any(plan(flat, 8) for _ in range(EXPLORE_EVERY))

@@ -15,8 +15,9 @@
 //
 // One OpenMP parallel region per forward: the threads share each Linear's output rows (omp for) and
 // meet at barriers between the steps that depend on each other; the cheap row-wise steps (norms,
-// rotary, quantizing) run on one thread.  RoPE is GGML's "normal" mode (adjacent pairs), which is what
-// the GGUF's permuted q/k rows expect. LoRA pairs (A [rank, in], B [out, rank], float32) add
+// rotary with its angles computed once per forward) run on one thread, quantizing and the MLP's
+// activation on all (vectorized). RoPE is GGML's "normal" mode (adjacent pairs), which is what the
+// GGUF's permuted q/k rows expect. LoRA pairs (A [rank, in], B [out, rank], float32) add
 // scale * B (A x) to a Linear, in the GGUF's row order (callers permute q/k rows as the converter does).
 #include <torch/extension.h>
 #include <immintrin.h>
@@ -50,15 +51,31 @@ struct QRows {
     rows = r; n = len;
     q.resize(r * len); scale.resize(r * len / QK); sum.resize(r * len / QK);
   }
-  void set(const float* x) {  // x [rows, n]
-    for (int64_t b = 0; b < rows * n / QK; ++b) {
-      const float* v = x + b * QK;
-      float amax = 0.f, total = 0.f;
-      for (int j = 0; j < QK; ++j) { amax = std::max(amax, std::fabs(v[j])); total += v[j]; }
-      const float s = amax / 32767.f, inv = amax > 0.f ? 32767.f / amax : 0.f;
-      for (int j = 0; j < QK; ++j) q[b * QK + j] = static_cast<int16_t>(std::nearbyint(v[j] * inv));
-      scale[b] = s; sum[b] = total;
+  // block b from v (32 floats): int16 values, scale and float sum; rounds to nearest (even), as nearbyint
+  void quantize_block(const float* v, int64_t b) {
+    const __m256 sign = _mm256_set1_ps(-0.f);
+    __m256 r[4], amax = _mm256_setzero_ps(), total = _mm256_setzero_ps();
+    for (int j = 0; j < 4; ++j) {
+      r[j] = _mm256_loadu_ps(v + 8 * j);
+      amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, r[j]));
+      total = _mm256_add_ps(total, r[j]);
     }
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    const float am = _mm_cvtss_f32(_mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1)));
+    const __m256 inv = _mm256_set1_ps(am > 0.f ? 32767.f / am : 0.f);
+    for (int j = 0; j < 4; j += 2) {  // |values| <= 32767: the 16-bit pack never saturates
+      const __m256i a = _mm256_cvtps_epi32(_mm256_mul_ps(r[j], inv));
+      const __m256i c = _mm256_cvtps_epi32(_mm256_mul_ps(r[j + 1], inv));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(&q[b * QK + 8 * j]),
+                          _mm256_permute4x64_epi64(_mm256_packs_epi32(a, c), 0xD8));
+    }
+    scale[b] = am / 32767.f; sum[b] = hsum(total);
+  }
+  // x [rows, n]; the team shares the blocks (call inside a parallel region: ends at a barrier)
+  void set_for(const float* x) {
+#pragma omp for schedule(static)
+    for (int64_t b = 0; b < rows * n / QK; ++b) quantize_block(x + b * QK, b);
   }
 };
 
@@ -177,6 +194,24 @@ inline __m256 exp_neg(__m256 x) {
   p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.f));
   const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
   return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+// g = silu(g) * u over [rows, n] and its quantized blocks into qg, the team sharing the blocks (ends at a
+// barrier). silu(g) = g / (1 + e^-g), taken as g / (1 + e) for g >= 0 and g e / (1 + e) below, e = e^-|g|.
+void silu_mul_set_for(float* g, const float* u, QRows& qg) {
+  const __m256 sign = _mm256_set1_ps(-0.f), one = _mm256_set1_ps(1.f);
+#pragma omp for schedule(static)
+  for (int64_t b = 0; b < qg.rows * qg.n / QK; ++b) {
+    float* v = g + b * QK;
+    for (int j = 0; j < QK; j += 8) {
+      const __m256 x = _mm256_loadu_ps(v + j);
+      const __m256 e = exp_neg(_mm256_or_ps(x, sign));  // e^-|x|
+      const __m256 num = _mm256_blendv_ps(one, e, x);   // sign bit set: x < 0
+      const __m256 y = _mm256_div_ps(_mm256_mul_ps(x, num), _mm256_add_ps(one, e));
+      _mm256_storeu_ps(v + j, _mm256_mul_ps(y, _mm256_loadu_ps(u + b * QK + j)));
+    }
+    qg.quantize_block(v, b);
+  }
 }
 
 // one query row against positions 0..n-1 of one KV head: keys in tiles of 8 positions (tile t at
@@ -339,6 +374,12 @@ struct Cache {
     t.assign(rows * std::max<int64_t>(max_rank, 1) * N_SLOTS, 0.f);
     const int64_t ts = rows * std::max<int64_t>(max_rank, 1);  // one slot's LoRA scratch
     float* hidden_out = hidden.data_ptr<float>();
+    std::vector<float> rot_cos(rows * D / 2), rot_sin(rows * D / 2);  // the same angles in every layer
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t i = 0; i < D / 2; ++i) {
+        const float a = static_cast<float>(pos + r) * M.inv_freq[i];
+        rot_cos[r * D / 2 + i] = std::cos(a); rot_sin[r * D / 2 + i] = std::sin(a);
+      }
 
     // embeddings (Q8_0 / Q4_1 rows dequantized)
     for (int64_t r = 0; r < rows; ++r) {
@@ -384,17 +425,16 @@ struct Cache {
 #pragma omp single
         {
           for (int64_t r = 0; r < rows; ++r) rms_norm(&x[r * E], L.attn_norm.data_ptr<float>(), &xn[r * E], E, M.eps);
-          qe.set(xn.data());
         }
+        qe.set_for(xn.data());
         linears(L, lo, {WQ, WK, WV}, {q.data(), kv_k.data(), kv_v.data()}, qe, xn.data());
 #pragma omp single
         {  // rotary on adjacent pairs (GGML's normal mode), then the new rows join the cache
           for (int64_t r = 0; r < rows; ++r) {
-            const float p = static_cast<float>(pos + r);
             for (int64_t h = 0; h < H + M.n_kv; ++h) {
               float* v = h < H ? &q[r * E + h * D] : &kv_k[r * KV + (h - H) * D];
               for (int64_t i = 0; i < D / 2; ++i) {
-                const float a = p * M.inv_freq[i], c = std::cos(a), s = std::sin(a);
+                const float c = rot_cos[r * D / 2 + i], s = rot_sin[r * D / 2 + i];
                 const float x0 = v[2 * i], x1 = v[2 * i + 1];
                 v[2 * i] = x0 * c - x1 * s;
                 v[2 * i + 1] = x0 * s + x1 * c;
@@ -413,21 +453,16 @@ struct Cache {
           attend(&q[r * E + h * D], &k[li][kvh * D * 8], KV * 8, &v[li][kvh * D], KV, D, pos + r + 1, scale,
                  &scores[omp_get_thread_num() * (capacity + 8)], &att[r * E + h * D]);
         }
-#pragma omp single
-        qe.set(att.data());
+        qe.set_for(att.data());
         linears(L, lo, {WO}, {o.data()}, qe, att.data());
 #pragma omp single
         {
           for (int64_t i = 0; i < rows * E; ++i) x[i] += o[i];
           for (int64_t r = 0; r < rows; ++r) rms_norm(&x[r * E], L.ffn_norm.data_ptr<float>(), &xn[r * E], E, M.eps);
-          qe.set(xn.data());
         }
+        qe.set_for(xn.data());
         linears(L, lo, {WGATE, WUP}, {g.data(), u.data()}, qe, xn.data());
-#pragma omp single
-        {
-          for (int64_t i = 0; i < rows * F; ++i) g[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];
-          qf.set(g.data());
-        }
+        silu_mul_set_for(g.data(), u.data(), qf);
         linears(L, lo, {WDOWN}, {down.data()}, qf, g.data());
 #pragma omp single
         for (int64_t i = 0; i < rows * E; ++i) x[i] += down[i];
@@ -436,8 +471,8 @@ struct Cache {
       {
         rms_norm(&x[(rows - 1) * E], M.out_norm.data_ptr<float>(), hidden_out, E, M.eps);
         qe.resize(1, E);
-        qe.set(hidden_out);
       }
+      qe.set_for(hidden_out);
       linear_for(M.head, qe, logits.data());
     }
     return torch::from_blob(logits.data(), {M.vocab}, torch::kFloat32).clone();

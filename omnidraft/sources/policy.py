@@ -54,6 +54,7 @@ from omnidraft.costs import (
     SequentialDraft,
     VerifyCosts,
     best_draft_length,
+    expected_rates,
 )
 from omnidraft.errors import OmnidraftError
 from omnidraft.fsutil import atomic_write_json
@@ -63,7 +64,7 @@ from omnidraft.vocab.reverse import DrafterContext
 if TYPE_CHECKING:
     from omnidraft.drafter import Drafter
     from omnidraft.drafter.policy import StopRule
-    from omnidraft.sources.base import DraftSource, StepResult
+    from omnidraft.sources.base import DraftSource, Offer, StepResult
     from omnidraft.target.base import Verifier
     from omnidraft.vocab.bridge import VocabBridge
 
@@ -77,6 +78,9 @@ KEEP_ON_NEW_WEIGHTS = 0.25  # share of the drafter's acceptance evidence kept wh
 # text being written (a docstring repeated, a list that diverges every few items), not of a model
 LOOKUP_DECAY = 0.95
 OPTIMISTIC_ACCEPTANCE = 0.9  # "could pay at all": the best case a real drafter reaches
+# ... and pay enough to be worth finding out: an exploration costs a verify and, for a drafter that sat
+# out, a read of the text it skipped, which a best case of a few percent never earns back
+EXPLORE_MIN_GAIN = 1.05
 DRAFTER = "drafter"  # the model drafter's acceptance key (lookup keys: "context-4", "history-3", …)
 STATE_FORMAT = 2
 
@@ -138,27 +142,30 @@ class Exploration:
         """Plain steps' worth of time an exploration may lose now (unbounded without a budget)."""
         return math.inf if math.isinf(self.share) else self.share * self.steps - self.lost
 
+    def tally(self, k: int) -> None:
+        """A step this schedule was asked about whose source was decided without exploring: ``k`` it
+        was allowed (0: it would not pay, which counts toward the next exploration)."""
+        self.active = False
+        self.steps += 1
+        if not k:
+            self.since += 1
+
     def choose(self, k: int, explore_k: Callable[[float], int]) -> int:
         """``k`` as decided, or, when a skipped step is due to explore, ``explore_k(room)``: the length
         that would pay if the source were as good as a real one gets, among those whose loss, should
         every token be rejected, fits in ``room`` plain steps (0: none, do not explore now). On a
         target whose verify grows with every row, that keeps an exploration that loses cheap."""
-        self.active = False
-        self.steps += 1
+        self.tally(k)
+        if k or self.since < self.every:
+            return k
+        k = explore_k(self.room)
         if k:
-            return k
-        self.since += 1
-        if self.since >= self.every:
-            k = explore_k(self.room)
-            if k:
-                self.since, self.active = 0, True  # the statistics must see drafts to notice that they could pay
-            return k
-        return 0
+            self.since, self.active = 0, True  # the statistics must see drafts to notice that they could pay
+        return k
 
     def skip(self) -> None:
         """A step with nothing to explore with (no draft at hand) still counts toward the next exploration."""
-        self.since += 1
-        self.steps += 1
+        self.tally(0)
 
     @property
     def due(self) -> bool:
@@ -190,13 +197,18 @@ class Exploration:
 
 def explore_length(d: float, costs: Callable[[int], float], k_max: int, room: float) -> int:
     """The length an exploration drafts: the best one at OPTIMISTIC_ACCEPTANCE among those whose
-    worst case (every token rejected: V(k) + k d - V(0)) loses at most ``room`` plain steps."""
+    worst case (every token rejected: V(k) + k d - V(0)) loses at most ``room`` plain steps; 0 where
+    even that best case would beat a plain step by less than EXPLORE_MIN_GAIN."""
     v0, cap = costs(0), 0
     for k in range(1, k_max + 1):
         if costs(k) + k * d - v0 > room * v0:
             break
         cap = k
-    return best_draft_length(OPTIMISTIC_ACCEPTANCE, d, costs, cap) if cap else 0
+    if not cap:
+        return 0
+    rates = expected_rates(OPTIMISTIC_ACCEPTANCE, d, costs, cap)
+    k = best_draft_length(OPTIMISTIC_ACCEPTANCE, d, costs, cap)
+    return k if rates[k] >= EXPLORE_MIN_GAIN * rates[0] else 0
 
 
 CATCH_UP_STEPS = 8  # drafting steps a catch-up read is spread over in the decision to draft
@@ -208,7 +220,7 @@ class SourcePolicy(Protocol):
     needs_measuring: bool
 
     def order(self, sources: Sequence[DraftSource]) -> list[DraftSource]: ...
-    def allow(self, key: str, free: bool, k_max: int, unread: int = 0, prior: Prior = EVEN_PRIOR) -> int: ...
+    def choose(self, offers: Sequence[tuple[Offer, bool]]) -> tuple[int, int]: ...
     def stop_rule(self, k_max: int, head: AcceptHead | None) -> StopRule | None: ...
     def learn(self, step: StepResult, reads_prompt: bool) -> None: ...
     def save(self) -> None: ...
@@ -228,8 +240,8 @@ class NoCostPolicy:
     def order(self, sources: Sequence[DraftSource]) -> list[DraftSource]:
         return free_first(sources)
 
-    def allow(self, key: str, free: bool, k_max: int, unread: int = 0, prior: Prior = EVEN_PRIOR) -> int:
-        return k_max
+    def choose(self, offers: Sequence[tuple[Offer, bool]]) -> tuple[int, int]:
+        return (0, offers[0][0].limit) if offers else (-1, 0)  # the first source: free ones come first
 
     def stop_rule(self, k_max: int, head: AcceptHead | None) -> StopRule | None:
         return None  # the configured rule
@@ -304,7 +316,8 @@ class CostPolicy:
         t0 = time.perf_counter()
         self.verify_costs = VerifyCosts(self._time_verifies(verifier, prompt_ids))
         if drafter is not None:  # lookup drafting alone: nothing else to time
-            self.draft_cost = DraftCost(self._time_drafter(drafter, DrafterContext(bridge, prompt_ids).ids), alpha=0.1)
+            d, read = self._time_drafter(drafter, DrafterContext(bridge, prompt_ids).ids)
+            self.draft_cost, self.read_cost = DraftCost(d, alpha=0.1), DraftCost(read, alpha=0.1)
             drafter.reset()
         verifier.reset()
         return time.perf_counter() - t0
@@ -324,9 +337,16 @@ class CostPolicy:
         return {k: min(v) for k, v in table.items()}
 
     @staticmethod
-    def _time_drafter(drafter: Drafter, drafter_ids: Sequence[int]) -> float:
+    def _time_drafter(drafter: Drafter, drafter_ids: Sequence[int]) -> tuple[float, float]:
+        """(seconds per drafted token, seconds per token of a read of the context). The read is what
+        a drafter that sat out steps pays to catch up: without it a fresh policy would take the
+        first catch-up as free and explore where reading the prompt costs more than a draft saves."""
         d_ctx = list(drafter_ids[:MEASURE_CONTEXT]) or [0]
+        drafter.lm.logits_for(d_ctx)  # warm: the first read after a pause runs cold
+        drafter.reset()
+        t0 = time.perf_counter()
         drafter.lm.logits_for(d_ctx)
+        read = (time.perf_counter() - t0) / len(d_ctx)
         token = d_ctx[-1]
         times = []
         for i in range(8):  # the first steps after a pause run cold: they are not what drafting costs
@@ -335,7 +355,7 @@ class CostPolicy:
             if i >= 2:
                 times.append(time.perf_counter() - t0)
         drafter.lm.logits_for(d_ctx)  # leave the drafter's cache on real text
-        return statistics.median(times)
+        return statistics.median(times), read
 
     # ---- persist (what a later run starts from; the loop keeps updating it)
 
@@ -437,27 +457,63 @@ class CostPolicy:
     def order(self, sources: Sequence[DraftSource]) -> list[DraftSource]:
         return free_first(sources)
 
+    def choose(self, offers: Sequence[tuple[Offer, bool]]) -> tuple[int, int]:
+        """Which of this step's offers drafts, and how many tokens: (its index, k), or (-1, 0) for a
+        plain step. ``offers``: each source's :class:`Offer` and whether the source is free.
+
+        Of the offers expected to beat a plain step, the one expected to emit the most tokens per
+        second drafts (ties: the earlier, so a free source before the drafter). Taking the first
+        that pays instead would let a one-token lookup preempt a drafter expected to emit several,
+        and leave the drafter behind the text, which keeps it off longer. When none pays, the
+        first whose exploration is due explores."""
+        plans = [self._plan(offer, free) for offer, free in offers]
+        chosen, k = self._pick(offers, plans)
+        for i, (offer, free) in enumerate(offers):
+            if not free:  # what the policy did with the drafter (bench reports it)
+                allowed = k if i == chosen else 0
+                self.choices[allowed] = self.choices.get(allowed, 0) + 1
+        # the drafter (token by token) may draft all of its limit: its stop rule (:meth:`stop_rule`)
+        # ends the draft where one more token stops paying
+        return chosen, (k if chosen < 0 or offers[chosen][1] else offers[chosen][0].limit)
+
+    def _pick(self, offers: Sequence[tuple[Offer, bool]],
+              plans: Sequence[tuple[int, float, Callable[[float], int]]]) -> tuple[int, int]:
+        paying = [i for i, (k, _, _) in enumerate(plans) if k]
+        if paying:
+            best = max(paying, key=lambda i: plans[i][1])  # max keeps the first of equals
+            for (_, free), (k, _, _) in zip(offers, plans):
+                self.explorations[free].tally(k)
+            return best, plans[best][0]
+        for i, ((_, free), (_, _, explore_k)) in enumerate(zip(offers, plans)):
+            k = self.explorations[free].choose(0, explore_k)
+            if k:
+                return i, k
+        return -1, 0
+
     def allow(self, key: str, free: bool, k_max: int, unread: int = 0, prior: Prior = EVEN_PRIOR) -> int:
-        """How many tokens source ``key`` may draft this step (0: not this source). A source that
-        drafts token by token (not ``free``) gets all of ``k_max`` once drafting pays at all: its
-        stop rule, :meth:`stop_rule`, ends the draft where one more token stops paying. ``unread``:
-        tokens it must read first (a drafter that sat out plain steps); that read is charged to
-        this draft, so a long-idle drafter is not woken to explore where a draft barely pays.
-        ``prior``: the acceptance a key seen for the first time starts from (``Offer.prior``)."""
+        """How many tokens source ``key`` may draft this step when it is the only one on offer (0:
+        none); ``choose`` with one offer."""
+        from omnidraft.sources.base import Offer  # the sources import this module
+
+        return self.choose([(Offer(key, k_max, unread=unread, prior=prior), free)])[1]
+
+    def _plan(self, offer: Offer, free: bool) -> tuple[int, float, Callable[[float], int]]:
+        """An offer's best length k (0: it does not pay), the tokens per second expected at k, and
+        the length an exploration would draft within a budget. A source that drafts token by token
+        (not free) has its unread tokens (it sat out plain steps) charged to its draft, spread over
+        the CATCH_UP_STEPS drafting steps a caught-up drafter then drafts in: charging all of it to
+        one draft would keep a drafter that pays from ever catching up on a long prompt, charging
+        none would wake a long-idle drafter to explore where a draft barely pays."""
         d = 0.0 if free else self.draft_cost.seconds_per_token
         costs = self._capped_verify()
-        # amortised over the steps a caught-up drafter then drafts in: charging all of it to one draft
-        # would keep a drafter that pays from ever catching up on a long prompt
-        setup = unread * self.read_cost.seconds_per_token / CATCH_UP_STEPS if not free else 0.0
+        setup = offer.unread * self.read_cost.seconds_per_token / CATCH_UP_STEPS if not free else 0.0
         if setup > 0:
             verify = costs
             costs = lambda k: verify(k) + (setup if k else 0.0)  # noqa: E731
-        k = best_draft_length(self.acceptance_for(key, prior).rates(k_max), d, costs, k_max)
-        k = self.explorations[free].choose(k, lambda room: explore_length(d, costs, k_max, room))
-        if free:
-            return k
-        self.choices[k] = self.choices.get(k, 0) + 1
-        return k and k_max
+        k_max = offer.limit
+        rates = expected_rates(self.acceptance_for(offer.key, offer.prior).rates(k_max), d, costs, k_max)
+        k = max(range(k_max + 1), key=lambda j: (rates[j], -j))  # the smallest maximiser (best_draft_length)
+        return k, rates[k], lambda room: explore_length(d, costs, k_max, room)
 
     def stop_rule(self, k_max: int, head: AcceptHead | None) -> StopRule:
         self._stop = CostAwareStop(self, k_max, head)
