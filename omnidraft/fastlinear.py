@@ -88,7 +88,18 @@ def _native(tiled: bool) -> Kernel:
     return run
 
 
+def _native_512(layer: torch.nn.Linear, weight: torch.Tensor, flat: torch.Tensor) -> torch.Tensor:
+    """The AVX-512 build of the one-pass kernel (same bits as the other two)."""
+    return kernels.linear_rows_512()(flat.contiguous(), weight.contiguous())
+
+
 _NATIVE = (_native(True), _native(False))
+
+
+def _native_kernels() -> list[Kernel]:
+    """The native kernels built and loadable here (every one gives a row the same bits)."""
+    return ([*_NATIVE] if kernels.linear_rows() is not None else []) + (
+        [_native_512] if kernels.linear_rows_512() is not None else [])
 _NATIVE_MAX_ROWS = 16
 _COLD_BYTES = 128 * 2**20  # more than a CPU's last-level cache: weights read from memory, as in a decode step
 
@@ -96,8 +107,8 @@ _COLD_BYTES = 128 * 2**20  # more than a CPU's last-level cache: weights read fr
 def _candidates(layer: torch.nn.Linear, flat: torch.Tensor, has_t: bool) -> list[Kernel]:
     rows = flat.shape[0]
     out = [_f_linear, _weights_first] + ([_transposed] if has_t else []) + ([_two_rows] if rows == 1 else [])
-    if rows <= _NATIVE_MAX_ROWS and flat.dtype == torch.float32 and kernels.linear_rows() is not None:
-        out += list(_NATIVE)
+    if rows <= _NATIVE_MAX_ROWS and flat.dtype == torch.float32:
+        out += _native_kernels()
     return out
 
 
@@ -120,7 +131,7 @@ _kept: dict = {}  # "path" and "machine" of the file the choices are kept in (se
 
 
 def _kernels_by_name() -> dict[str, Kernel]:
-    return {k.__name__: k for k in (_f_linear, _weights_first, _transposed, _two_rows, *_NATIVE)}
+    return {k.__name__: k for k in (_f_linear, _weights_first, _transposed, _two_rows, *_NATIVE, _native_512)}
 
 
 def _key_text(key: tuple) -> str:
@@ -151,7 +162,8 @@ def keep_choices_at(path, machine: str) -> None:
         except (ValueError, AttributeError):
             continue
         kernel = names.get(name)
-        if kernel is not None and isinstance(key[3], torch.dtype) and (kernel not in _NATIVE or kernels.linear_rows()):
+        native = (*_NATIVE, _native_512)
+        if kernel is not None and isinstance(key[3], torch.dtype) and (kernel not in native or kernel in _native_kernels()):
             _CHOICE.setdefault(key, kernel)
 
 

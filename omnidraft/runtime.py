@@ -457,6 +457,8 @@ def cost_machine() -> str:
     from omnidraft.drafter import choice
 
     native = kernels.build_dir().name if kernels.linear_rows() is not None else "none"
+    if kernels.linear_rows_512() is not None:
+        native += f" + {kernels.build_dir('skinny512').name}"
     return f"{choice.cpu_model()}; torch {torch.__version__}; kernels {native}"
 
 

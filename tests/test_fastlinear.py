@@ -160,3 +160,26 @@ def test_the_native_kernel_gives_a_row_the_same_bits_whatever_the_row_count(tile
     assert torch.equal(together, linear_rows(x, w, not tiled))
     for i in range(19):
         assert torch.equal(linear_rows(x[i:i + 1].contiguous(), w, tiled), together[i:i + 1])
+
+
+def test_the_avx512_kernel_is_built_where_the_cpu_has_avx512_and_only_there():
+    if kernels.unsupported_reason("skinny512") is None and shutil.which("c++"):
+        assert kernels.linear_rows_512() is not None, f"no build under {kernels.build_dir('skinny512')}"
+        assert fastlinear._native_512 in fastlinear._native_kernels()
+    elif kernels.unsupported_reason("skinny512") is not None:
+        assert kernels.linear_rows_512() is None and fastlinear._native_512 not in fastlinear._native_kernels()
+
+
+@pytest.mark.parametrize("n_in", [896, 904, 901])  # whole 16s; an 8-input remainder; 8s and a scalar tail
+def test_the_avx512_kernel_gives_the_avx2_kernels_bits_for_every_row_count(n_in):
+    """fastlinear may pick it for one row count and the AVX2 kernel for another: a verify must still
+    compute exactly what plain steps would, so the two must agree bit for bit."""
+    fast, base = kernels.linear_rows_512(), kernels.linear_rows()
+    if fast is None or base is None:
+        assert kernels.unsupported_reason("skinny512") is not None or base is None
+        return
+    torch.manual_seed(4)
+    w, x = torch.randn(301, n_in), torch.randn(19, n_in)  # 301 outputs: tiles of 4 and 8 and a remainder
+    expected = base(x, w, True)
+    for rows in range(1, 20):
+        assert torch.equal(fast(x[:rows].contiguous(), w), expected[:rows]), rows

@@ -7,6 +7,9 @@ verify of one proposal cost 1.3-1.9 plain steps on the torch target. This kernel
 row once for up to 8 input rows, and a row's result is bit-identical whatever the row count.
 ``fastlinear`` offers it as one more candidate and keeps it only where it times fastest.
 
+``linear_rows_512(x, w)``: the same product with AVX-512 registers where the CPU has them
+(``skinny512.cpp``, the same bits), faster for long rows at 4-16 rows; ``fastlinear`` times it too.
+
 ``qdraft()``: a llama-architecture drafter's whole forward on its GGUF blocks in one call
 (``qdraft.cpp``; the ``native`` drafter backend, ``drafter/native_lm.py``).
 
@@ -32,8 +35,10 @@ import torch
 
 HERE = Path(__file__).parent
 BASE_FLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp"]  # OpenMP: at::parallel_for runs serially without it
-# name -> (source, compiler flags); each is built and loaded on its own, so one failing leaves the other
-EXTENSIONS = {"skinny": ("skinny.cpp", BASE_FLAGS), "qdraft": ("qdraft.cpp", [*BASE_FLAGS, "-mf16c"])}
+# name -> (source, compiler flags); each is built and loaded on its own, so one failing leaves the others
+EXTENSIONS = {"skinny": ("skinny.cpp", BASE_FLAGS), "qdraft": ("qdraft.cpp", [*BASE_FLAGS, "-mf16c"]),
+              "skinny512": ("skinny512.cpp", [*BASE_FLAGS, "-mavx512f"])}
+NEEDS_AVX512 = {"skinny512"}  # built and loaded only where torch reports AVX-512
 
 
 def _tag(name: str = "skinny") -> str:
@@ -48,12 +53,15 @@ def build_dir(name: str = "skinny") -> Path:
     return Path(root) / "omnidraft" / "kernels" / _tag(name)
 
 
-def unsupported_reason() -> str | None:
-    """Why the kernels cannot run on this machine, or None."""
+def unsupported_reason(name: str = "skinny") -> str | None:
+    """Why kernel ``name`` cannot run on this machine, or None."""
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return f"not an x86-64 CPU ({platform.machine()})"
-    if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
-        return f"the CPU lacks AVX2 (torch reports {torch.backends.cpu.get_cpu_capability()})"
+    capability = torch.backends.cpu.get_cpu_capability()
+    if capability not in ("AVX2", "AVX512"):
+        return f"the CPU lacks AVX2 (torch reports {capability})"
+    if name in NEEDS_AVX512 and capability != "AVX512":
+        return f"the CPU lacks AVX-512 (torch reports {capability})"
     return None
 
 
@@ -70,7 +78,7 @@ def build(name: str = "skinny", verbose: bool = False):
 
 @cache
 def _module(name: str = "skinny"):
-    if os.environ.get("OMNIDRAFT_NATIVE_KERNELS") == "0" or unsupported_reason() is not None:
+    if os.environ.get("OMNIDRAFT_NATIVE_KERNELS") == "0" or unsupported_reason(name) is not None:
         return None
     library = build_dir(name) / f"{_tag(name)}.so"
     if not library.is_file():
@@ -92,6 +100,13 @@ def linear_rows() -> Callable[[torch.Tensor, torch.Tensor, bool], torch.Tensor] 
     return None if module is None else module.linear_rows
 
 
+def linear_rows_512() -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None:
+    """The AVX-512 build of the same product (``skinny512.cpp``: x [rows, in], w [out, in] -> [rows,
+    out], the same bits as :func:`linear_rows`), or None where the CPU lacks AVX-512 or it is not built."""
+    module = _module("skinny512")
+    return None if module is None else module.linear_rows
+
+
 def qdraft():
     """The native drafter forward (``qdraft.cpp``: ``Model`` and ``Cache``), or None where not built."""
     return _module("qdraft")
@@ -103,6 +118,9 @@ def main() -> int:
         print(f"omnidraft kernels: not built: {reason}")
         return 0
     for name in EXTENSIONS:
+        if unsupported_reason(name) is not None:
+            print(f"omnidraft kernels: {name} not built: {unsupported_reason(name)}")
+            continue
         try:
             build(name)
         except Exception as exc:  # no compiler or ninja: the torch kernels and other backends serve

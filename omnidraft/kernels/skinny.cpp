@@ -10,6 +10,8 @@
 #include <torch/extension.h>
 #include <immintrin.h>
 
+#include <cmath>
+
 static inline float hsum(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -45,7 +47,7 @@ static inline void tile(const float* x, const float* w, float* y, int64_t n_in, 
     const float* wr = w + a * n_in;
     _Pragma("GCC unroll 4") for (int m = 0; m < M; ++m) {
       float r = hsum(_mm256_add_ps(a0[a][m], a1[a][m]));
-      for (int64_t t = i; t < n_in; ++t) r += wr[t] * x[m * n_in + t];
+      for (int64_t t = i; t < n_in; ++t) r = std::fma(wr[t], x[m * n_in + t], r);  // fused in every build
       y[m * n_out + a] = r;
     }
   }
