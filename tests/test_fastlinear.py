@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -183,3 +184,10 @@ def test_the_avx512_kernel_gives_the_avx2_kernels_bits_for_every_row_count(n_in)
     expected = base(x, w, True)
     for rows in range(1, 20):
         assert torch.equal(fast(x[:rows].contiguous(), w), expected[:rows]), rows
+
+
+def test_a_kernels_build_tag_covers_the_headers_it_includes():
+    """A change to skinny_common.h must make a new build, or a machine keeps running the old one."""
+    header = (Path(kernels.__file__).parent / "skinny_common.h").read_bytes()
+    for name in ("skinny", "skinny512"):
+        assert header in kernels._source_bytes(kernels.EXTENSIONS[name][0])

@@ -26,6 +26,7 @@ import hashlib
 import importlib.util
 import os
 import platform
+import re
 import sys
 from functools import cache
 from pathlib import Path
@@ -41,9 +42,16 @@ EXTENSIONS = {"skinny": ("skinny.cpp", BASE_FLAGS), "qdraft": ("qdraft.cpp", [*B
 NEEDS_AVX512 = {"skinny512"}  # built and loaded only where torch reports AVX-512
 
 
+def _source_bytes(source: str) -> bytes:
+    """The source and the local headers it includes (``#include "x.h"``): what a build depends on."""
+    text = (HERE / source).read_bytes()
+    headers = re.findall(rb'^#include "([^"]+)"', text, flags=re.MULTILINE)
+    return text + b"".join((HERE / h.decode()).read_bytes() for h in headers)
+
+
 def _tag(name: str = "skinny") -> str:
     source, flags = EXTENSIONS[name]
-    digest = hashlib.sha256((HERE / source).read_bytes() + " ".join(flags).encode()).hexdigest()[:12]
+    digest = hashlib.sha256(_source_bytes(source) + " ".join(flags).encode()).hexdigest()[:12]
     version = torch.__version__.replace("+", "_").replace(".", "_")
     return f"{name}_{digest}_torch{version}_py{sys.version_info.major}{sys.version_info.minor}"
 

@@ -7,17 +7,9 @@
 // element whatever the number of rows, the tile and the layout: a row's result is bit-identical to
 // its one-row product, so a verify of k proposals computes exactly what k plain steps would.
 // See omnidraft/kernels/__init__.py for why it exists and how it is built.
-#include <torch/extension.h>
-#include <immintrin.h>
-
 #include <cmath>
 
-static inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
-  return _mm_cvtss_f32(s);
-}
+#include "skinny_common.h"
 
 // weight rows j .. j+J-1 against input rows x[0 .. M-1]; y points at output row 0, column j
 template <int M, int J>
@@ -46,7 +38,7 @@ static inline void tile(const float* x, const float* w, float* y, int64_t n_in, 
   _Pragma("GCC unroll 4") for (int a = 0; a < J; ++a) {
     const float* wr = w + a * n_in;
     _Pragma("GCC unroll 4") for (int m = 0; m < M; ++m) {
-      float r = hsum(_mm256_add_ps(a0[a][m], a1[a][m]));
+      float r = hsum8(_mm256_add_ps(a0[a][m], a1[a][m]));
       for (int64_t t = i; t < n_in; ++t) r = std::fma(wr[t], x[m * n_in + t], r);  // fused in every build
       y[m * n_out + a] = r;
     }
@@ -72,27 +64,12 @@ static void dispatch(bool tiled, int64_t m, const float* x, const float* w, floa
   }
 }
 
-// x: [rows, in], w: [out, in], both contiguous float32 on the CPU -> [rows, out]; tiled: the layout
+// x: [rows, in], w: [out, in] -> [rows, out]; tiled: the layout. Chunks of 8 weight rows stay in L1/L2.
 torch::Tensor linear_rows(torch::Tensor x, torch::Tensor w, bool tiled) {
-  TORCH_CHECK(x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1), "x [rows, in] and w [out, in]");
-  TORCH_CHECK(x.scalar_type() == torch::kFloat && w.scalar_type() == torch::kFloat, "float32 only");
-  TORCH_CHECK(x.is_contiguous() && w.is_contiguous() && x.device().is_cpu() && w.device().is_cpu(),
-              "contiguous CPU tensors only");
-  const int64_t rows = x.size(0), n_in = x.size(1), n_out = w.size(0);
-  auto y = torch::empty({rows, n_out}, x.options());
-  const float* xp = x.data_ptr<float>();
-  const float* wp = w.data_ptr<float>();
-  float* yp = y.data_ptr<float>();
-  // each thread takes a range of weight rows, in chunks small enough to stay in L1/L2 while every
-  // block of 4 input rows passes over them: the weights come from memory once
-  at::parallel_for(0, n_out, 16, [&](int64_t j0, int64_t j1) {
-    for (int64_t c0 = j0; c0 < j1; c0 += 8) {
-      const int64_t c1 = std::min<int64_t>(j1, c0 + 8);
-      for (int64_t r0 = 0; r0 < rows; r0 += 4)
-        dispatch(tiled, std::min<int64_t>(4, rows - r0), xp + r0 * n_in, wp, yp + r0 * n_out, n_in, c0, c1, n_out);
-    }
+  return rows_product(x, w, 8, [tiled](int64_t m, const float* xp, const float* wp, float* yp, int64_t n_in,
+                                       int64_t c0, int64_t c1, int64_t n_out) {
+    dispatch(tiled, m, xp, wp, yp, n_in, c0, c1, n_out);
   });
-  return y;
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("linear_rows", &linear_rows, "one-pass skinny fp32 linear"); }

@@ -9,17 +9,9 @@
 // every 16 inputs), adds them, sums the 8 lanes in a fixed order and adds a scalar tail. A 16-lane
 // register holds exactly those two accumulators (lanes 0-7 and 8-15; an 8-input remainder goes to
 // lanes 0-7 only), and the end takes the same steps, so every output has the same bits as there.
-#include <torch/extension.h>
-#include <immintrin.h>
-
 #include <cmath>
 
-static inline float hsum8(__m256 v) {  // skinny.cpp's order
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
-  return _mm_cvtss_f32(s);
-}
+#include "skinny_common.h"
 
 // weight rows j .. j+J-1 against input rows x[0 .. M-1]; y points at output row 0, column j
 template <int M, int J>
@@ -75,27 +67,7 @@ static void dispatch(int64_t m, const float* x, const float* w, float* y, int64_
   }
 }
 
-// x: [rows, in], w: [out, in], both contiguous float32 on the CPU -> [rows, out]
-torch::Tensor linear_rows(torch::Tensor x, torch::Tensor w) {
-  TORCH_CHECK(x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1), "x [rows, in] and w [out, in]");
-  TORCH_CHECK(x.scalar_type() == torch::kFloat && w.scalar_type() == torch::kFloat, "float32 only");
-  TORCH_CHECK(x.is_contiguous() && w.is_contiguous() && x.device().is_cpu() && w.device().is_cpu(),
-              "contiguous CPU tensors only");
-  const int64_t rows = x.size(0), n_in = x.size(1), n_out = w.size(0);
-  auto y = torch::empty({rows, n_out}, x.options());
-  const float* xp = x.data_ptr<float>();
-  const float* wp = w.data_ptr<float>();
-  float* yp = y.data_ptr<float>();
-  // each thread takes a range of weight rows, 32 at a time, over which every block of 4 input rows
-  // passes while they are in cache: the weights come from memory once
-  at::parallel_for(0, n_out, 16, [&](int64_t j0, int64_t j1) {
-    for (int64_t c0 = j0; c0 < j1; c0 += 32) {
-      const int64_t c1 = std::min<int64_t>(j1, c0 + 32);
-      for (int64_t r0 = 0; r0 < rows; r0 += 4)
-        dispatch(std::min<int64_t>(4, rows - r0), xp + r0 * n_in, wp, yp + r0 * n_out, n_in, c0, c1, n_out);
-    }
-  });
-  return y;
-}
+// x: [rows, in], w: [out, in] -> [rows, out]; 32 weight rows at a time pass under each block of inputs
+torch::Tensor linear_rows(torch::Tensor x, torch::Tensor w) { return rows_product(x, w, 32, dispatch); }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("linear_rows", &linear_rows, "one-pass skinny fp32 linear, AVX-512"); }

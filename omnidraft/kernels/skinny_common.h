@@ -1,0 +1,39 @@
+// What skinny.cpp and skinny512.cpp share: the fixed order of a final 8-lane sum, and the loop that
+// checks the operands and hands each thread its weight rows (both builds compute the same bits).
+#pragma once
+#include <torch/extension.h>
+#include <immintrin.h>
+
+#include <algorithm>
+
+static inline float hsum8(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+  return _mm_cvtss_f32(s);
+}
+
+// x: [rows, in], w: [out, in], both contiguous float32 on the CPU -> [rows, out]. Each thread takes a
+// range of weight rows, `chunk` at a time, over which every block of 4 input rows passes while they are
+// in cache: the weights come from memory once. tiles(m, x, w, y, n_in, c0, c1, n_out) computes columns
+// [c0, c1) for m <= 4 input rows.
+template <class Tiles>
+torch::Tensor rows_product(torch::Tensor x, torch::Tensor w, int64_t chunk, Tiles tiles) {
+  TORCH_CHECK(x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1), "x [rows, in] and w [out, in]");
+  TORCH_CHECK(x.scalar_type() == torch::kFloat && w.scalar_type() == torch::kFloat, "float32 only");
+  TORCH_CHECK(x.is_contiguous() && w.is_contiguous() && x.device().is_cpu() && w.device().is_cpu(),
+              "contiguous CPU tensors only");
+  const int64_t rows = x.size(0), n_in = x.size(1), n_out = w.size(0);
+  auto y = torch::empty({rows, n_out}, x.options());
+  const float* xp = x.data_ptr<float>();
+  const float* wp = w.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  at::parallel_for(0, n_out, 16, [&](int64_t j0, int64_t j1) {
+    for (int64_t c0 = j0; c0 < j1; c0 += chunk) {
+      const int64_t c1 = std::min<int64_t>(j1, c0 + chunk);
+      for (int64_t r0 = 0; r0 < rows; r0 += 4)
+        tiles(std::min<int64_t>(4, rows - r0), xp + r0 * n_in, wp, yp + r0 * n_out, n_in, c0, c1, n_out);
+    }
+  });
+  return y;
+}
