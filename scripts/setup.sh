@@ -9,8 +9,8 @@ PIP=(.venv/bin/python -m pip install -q --disable-pip-version-check)
 "${PIP[@]}" --upgrade pip
 "${PIP[@]}" torch==2.13.0                    # the CPU build on this machine; never an unpinned torch
 "${PIP[@]}" -e ".[test]"
-# The native kernels (omnidraft/kernels: AVX2, ~1 min to compile once): the one-pass Linear for a
-# verify, and the native drafter's one-call forward. Without a compiler or on another CPU it reports
+# The native kernels (omnidraft/kernels: AVX2, and AVX-512 where the CPU has it; ~1-2 min to compile
+# once): the one-pass Linear for a verify, and the native drafter's one-call forward. Without a compiler or on another CPU it reports
 # why, and the torch kernels and the other drafter backends are used.
 "${PIP[@]}" ninja==1.13.2
 PATH="$PWD/.venv/bin:$PATH" .venv/bin/python -m omnidraft.kernels
