@@ -7,13 +7,12 @@
 // element whatever the number of rows, the tile and the layout: a row's result is bit-identical to
 // its one-row product, so a verify of k proposals computes exactly what k plain steps would.
 // See omnidraft/kernels/__init__.py for why it exists and how it is built.
-#include <cmath>
-
 #include "skinny_common.h"
 
 // weight rows j .. j+J-1 against input rows x[0 .. M-1]; y points at output row 0, column j
 template <int M, int J>
-static inline void tile(const float* x, const float* w, float* y, int64_t n_in, int64_t n_out) {
+struct Tile {
+static inline void run(const float* x, const float* w, float* y, int64_t n_in, int64_t n_out) {
   __m256 a0[J][M], a1[J][M];
   _Pragma("GCC unroll 4") for (int a = 0; a < J; ++a)
     _Pragma("GCC unroll 4") for (int m = 0; m < M; ++m) { a0[a][m] = _mm256_setzero_ps(); a1[a][m] = _mm256_setzero_ps(); }
@@ -38,29 +37,20 @@ static inline void tile(const float* x, const float* w, float* y, int64_t n_in, 
   _Pragma("GCC unroll 4") for (int a = 0; a < J; ++a) {
     const float* wr = w + a * n_in;
     _Pragma("GCC unroll 4") for (int m = 0; m < M; ++m) {
-      float r = hsum8(_mm256_add_ps(a0[a][m], a1[a][m]));
-      for (int64_t t = i; t < n_in; ++t) r = std::fma(wr[t], x[m * n_in + t], r);  // fused in every build
-      y[m * n_out + a] = r;
+      y[m * n_out + a] = finish(a0[a][m], a1[a][m], wr, x + m * n_in, i, n_in);
     }
   }
 }
-
-// Output columns [j0, j1) for M <= 4 input rows, J weight rows at a time (then one at a time).
-template <int M, int J>
-static void span(const float* x, const float* w, float* y, int64_t n_in, int64_t j0, int64_t j1, int64_t n_out) {
-  int64_t j = j0;
-  for (; j + J <= j1; j += J) tile<M, J>(x, w + j * n_in, y + j, n_in, n_out);
-  for (; j < j1; ++j) tile<M, 1>(x, w + j * n_in, y + j, n_in, n_out);
-}
+};
 
 // tiled: several weight rows per tile (fewer input loads; 2 * J * M <= 8 accumulators), else one
 static void dispatch(bool tiled, int64_t m, const float* x, const float* w, float* y, int64_t n_in, int64_t j0,
                      int64_t j1, int64_t n_out) {
   switch (m) {
-    case 1: tiled ? span<1, 4>(x, w, y, n_in, j0, j1, n_out) : span<1, 1>(x, w, y, n_in, j0, j1, n_out); break;
-    case 2: tiled ? span<2, 2>(x, w, y, n_in, j0, j1, n_out) : span<2, 1>(x, w, y, n_in, j0, j1, n_out); break;
-    case 3: span<3, 1>(x, w, y, n_in, j0, j1, n_out); break;
-    default: span<4, 1>(x, w, y, n_in, j0, j1, n_out); break;
+    case 1: tiled ? span<Tile, 1, 4>(x, w, y, n_in, j0, j1, n_out) : span<Tile, 1, 1>(x, w, y, n_in, j0, j1, n_out); break;
+    case 2: tiled ? span<Tile, 2, 2>(x, w, y, n_in, j0, j1, n_out) : span<Tile, 2, 1>(x, w, y, n_in, j0, j1, n_out); break;
+    case 3: span<Tile, 3, 1>(x, w, y, n_in, j0, j1, n_out); break;
+    default: span<Tile, 4, 1>(x, w, y, n_in, j0, j1, n_out); break;
   }
 }
 

@@ -9,13 +9,12 @@
 // every 16 inputs), adds them, sums the 8 lanes in a fixed order and adds a scalar tail. A 16-lane
 // register holds exactly those two accumulators (lanes 0-7 and 8-15; an 8-input remainder goes to
 // lanes 0-7 only), and the end takes the same steps, so every output has the same bits as there.
-#include <cmath>
-
 #include "skinny_common.h"
 
 // weight rows j .. j+J-1 against input rows x[0 .. M-1]; y points at output row 0, column j
 template <int M, int J>
-static inline void tile(const float* x, const float* w, float* y, int64_t n_in, int64_t n_out) {
+struct Tile {
+static inline void run(const float* x, const float* w, float* y, int64_t n_in, int64_t n_out) {
   __m512 acc[J][M];
   _Pragma("GCC unroll 8") for (int a = 0; a < J; ++a)
     _Pragma("GCC unroll 8") for (int m = 0; m < M; ++m) acc[a][m] = _mm512_setzero_ps();
@@ -41,29 +40,20 @@ static inline void tile(const float* x, const float* w, float* y, int64_t n_in, 
     _Pragma("GCC unroll 8") for (int m = 0; m < M; ++m) {
       const __m256 lo = _mm512_castps512_ps256(acc[a][m]);
       const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[a][m]), 1));
-      float r = hsum8(_mm256_add_ps(lo, hi));
-      for (int64_t t = i; t < n_in; ++t) r = std::fma(wr[t], x[m * n_in + t], r);  // fused in every build
-      y[m * n_out + a] = r;
+      y[m * n_out + a] = finish(lo, hi, wr, x + m * n_in, i, n_in);
     }
   }
 }
-
-// Output columns [j0, j1) for M <= 4 input rows, J weight rows at a time (then one at a time).
-template <int M, int J>
-static void span(const float* x, const float* w, float* y, int64_t n_in, int64_t j0, int64_t j1, int64_t n_out) {
-  int64_t j = j0;
-  for (; j + J <= j1; j += J) tile<M, J>(x, w + j * n_in, y + j, n_in, n_out);
-  for (; j < j1; ++j) tile<M, 1>(x, w + j * n_in, y + j, n_in, n_out);
-}
+};
 
 // J * M <= 16 accumulators, so inputs and a weight vector fit beside them in 32 registers
 static void dispatch(int64_t m, const float* x, const float* w, float* y, int64_t n_in, int64_t j0, int64_t j1,
                      int64_t n_out) {
   switch (m) {
-    case 1: span<1, 8>(x, w, y, n_in, j0, j1, n_out); break;
-    case 2: span<2, 8>(x, w, y, n_in, j0, j1, n_out); break;
-    case 3: span<3, 4>(x, w, y, n_in, j0, j1, n_out); break;
-    default: span<4, 4>(x, w, y, n_in, j0, j1, n_out); break;
+    case 1: span<Tile, 1, 8>(x, w, y, n_in, j0, j1, n_out); break;
+    case 2: span<Tile, 2, 8>(x, w, y, n_in, j0, j1, n_out); break;
+    case 3: span<Tile, 3, 4>(x, w, y, n_in, j0, j1, n_out); break;
+    default: span<Tile, 4, 4>(x, w, y, n_in, j0, j1, n_out); break;
   }
 }
 

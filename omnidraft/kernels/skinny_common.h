@@ -5,12 +5,30 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cmath>
 
 static inline float hsum8(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
   s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
   return _mm_cvtss_f32(s);
+}
+
+// One output from its two 8-lane accumulators (inputs 0-7 and 8-15 of every 16) and the scalar tail
+// of inputs [i, n_in): the order every build sums in, so a row's result has the same bits in each.
+static inline float finish(__m256 lo, __m256 hi, const float* wr, const float* xr, int64_t i, int64_t n_in) {
+  float r = hsum8(_mm256_add_ps(lo, hi));
+  for (int64_t t = i; t < n_in; ++t) r = std::fma(wr[t], xr[t], r);  // fused in every build
+  return r;
+}
+
+// Output columns [j0, j1) for M <= 4 input rows: Tile<M, J>::run over J weight rows at a time, then
+// one at a time.
+template <template <int, int> class Tile, int M, int J>
+static void span(const float* x, const float* w, float* y, int64_t n_in, int64_t j0, int64_t j1, int64_t n_out) {
+  int64_t j = j0;
+  for (; j + J <= j1; j += J) Tile<M, J>::run(x, w + j * n_in, y + j, n_in, n_out);
+  for (; j < j1; ++j) Tile<M, 1>::run(x, w + j * n_in, y + j, n_in, n_out);
 }
 
 // x: [rows, in], w: [out, in], both contiguous float32 on the CPU -> [rows, out]. Each thread takes a
