@@ -17,8 +17,9 @@
 // meet at barriers between the steps that depend on each other; the cheap row-wise steps (norms,
 // rotary with its angles computed once per forward) run on one thread, quantizing and the MLP's
 // activation on all (vectorized). RoPE is GGML's "normal" mode (adjacent pairs), which is what the
-// GGUF's permuted q/k rows expect. LoRA pairs (A [rank, in], B [out, rank], float32) add
-// scale * B (A x) to a Linear, in the GGUF's row order (callers permute q/k rows as the converter does).
+// GGUF's permuted q/k rows expect. LoRA pairs (A [rank, in], B [out, rank], given as float32) add
+// scale * B (A x) to a Linear, in the GGUF's row order (callers permute q/k rows as the converter does);
+// they are held as float16, B transposed, which halves the bytes a token reads for them.
 #include <torch/extension.h>
 #include <immintrin.h>
 #include <omp.h>
@@ -86,7 +87,7 @@ struct QLinear {  // a weight [out, in] in GGUF blocks
   const uint8_t* row(int64_t o) const { return bytes.data_ptr<uint8_t>() + o * row_bytes; }
 };
 
-struct Lora { torch::Tensor a, b; float scale = 0.f; };  // a [rank, in], b [out, rank]
+struct Lora { torch::Tensor a, bt; float scale = 0.f; };  // float16 a [rank, in] and bt = B^T [rank, out]
 
 // y[r] (stride ys) for weight row o against M activation rows
 template <int M>
@@ -142,33 +143,41 @@ void linear_for(const QLinear& w, const QRows& x, float* y) {
   }
 }
 
-inline float dotf(const float* a, const float* b, int64_t n) {
-  __m256 acc = _mm256_setzero_ps();
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
-  float s = hsum(acc);
-  for (; i < n; ++i) s += a[i] * b[i];
-  return s;
+// 8 float16 values as float32
+inline __m256 load_half8(const at::Half* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
 
-// t [rows, rank] = x A^T (float activations)
+// t [rows, rank] = x A^T (float activations, A in float16)
 void lora_a_for(const Lora& l, const float* x, int64_t rows, int64_t in, float* t) {
   const int64_t rank = l.a.size(0);
-  const float* a = l.a.data_ptr<float>();
+  const at::Half* a = l.a.data_ptr<at::Half>();
 #pragma omp for schedule(static) nowait
   for (int64_t k = 0; k < rank * rows; ++k) {
     const int64_t r = k / rank, j = k % rank;
-    t[r * rank + j] = dotf(a + j * in, x + r * in, in);
+    const at::Half* aj = a + j * in;
+    const float* xr = x + r * in;
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < in; i += 8) acc = _mm256_fmadd_ps(load_half8(aj + i), _mm256_loadu_ps(xr + i), acc);
+    t[r * rank + j] = hsum(acc);
   }
 }
 
-// y [rows, out] += scale * t B^T
+// y [rows, out] += scale * t B^T, with B held transposed (bt [rank, out], float16): 8 outputs per FMA, so
+// no output pays a horizontal sum
 void lora_b_for(const Lora& l, const float* t, int64_t rows, float* y) {
-  const int64_t out = l.b.size(0), rank = l.b.size(1);
-  const float* b = l.b.data_ptr<float>();
+  const int64_t rank = l.bt.size(0), out = l.bt.size(1);
+  const at::Half* bt = l.bt.data_ptr<at::Half>();
 #pragma omp for schedule(static) nowait
-  for (int64_t o = 0; o < out; ++o)
-    for (int64_t r = 0; r < rows; ++r) y[r * out + o] += l.scale * dotf(b + o * rank, t + r * rank, rank);
+  for (int64_t o = 0; o < out; o += 8)
+    for (int64_t r = 0; r < rows; ++r) {
+      float* yr = y + r * out + o;
+      const float* tr = t + r * rank;
+      __m256 acc = _mm256_loadu_ps(yr);
+      for (int64_t j = 0; j < rank; ++j)
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(l.scale * tr[j]), load_half8(bt + j * out + o), acc);
+      _mm256_storeu_ps(yr, acc);
+    }
 }
 
 void rms_norm(const float* x, const float* w, float* y, int64_t n, float eps) {
@@ -338,7 +347,7 @@ struct Cache {
                 "LoRA shapes do not fit the Linear");
     TORCH_CHECK(a.dtype() == torch::kFloat32 && b.dtype() == torch::kFloat32 && a.is_contiguous() && b.is_contiguous(),
                 "LoRA tensors must be contiguous float32");
-    lora[layer][slot] = Lora{a, b, static_cast<float>(scale)};
+    lora[layer][slot] = Lora{a.to(torch::kHalf).contiguous(), b.t().to(torch::kHalf).contiguous(), static_cast<float>(scale)};
   }
 
   void clear_lora() {
