@@ -14,6 +14,7 @@ from omnidraft.runtime import make_drafter
 from omnidraft.sources.base import Offer, StepResult, StepTimes
 from omnidraft.sources.lookup import LONG_MATCH, LONG_MATCH_PRIOR, match_key, match_prior
 from omnidraft.sources.policy import (
+    CATCH_UP_HORIZON,
     DRAFTER,
     EXPLORE_EVERY,
     EXPLORE_MAX,
@@ -21,6 +22,7 @@ from omnidraft.sources.policy import (
     OPTIMISTIC_ACCEPTANCE,
     CostAwareStop,
     CostPolicy,
+    NoCostPolicy,
     explore_length,
 )
 from omnidraft.verify.proposal import Proposal
@@ -364,3 +366,44 @@ def test_a_drafter_whose_best_case_barely_beats_a_plain_step_is_not_explored():
     for _ in range(60):
         flat.stats.update(8, 0)  # turned off by its evidence
     assert any(plan(flat, 8) for _ in range(EXPLORE_EVERY))
+
+
+def test_a_long_prompt_read_pays_back_over_the_request_not_over_one_draft():
+    """A HumanEval prompt of ~200 drafter tokens: a drafter that pays once caught up must catch up at
+    the start of a request (the read is spread over the tokens the request can still emit), but not
+    near its end, where the same read cannot pay back. Spread over the next few drafts, the read
+    kept the drafter out of whole requests on torch."""
+    b = measured_policy(VerifyCosts({0: 0.060, 1: 0.070, 2: 0.078, 4: 0.095, 8: 0.125}), drafter_s=0.007)
+    b.read_cost.observe(200, 200 * 0.0022)
+    b.stats.tried, b.stats.accepted = [100.0] * b.k_max, [70.0] * b.k_max  # 0.7 per position
+    assert b.allow(DRAFTER, False, 8, unread=200, room=127) > 0
+    assert b.allow(DRAFTER, False, 8, unread=200, room=4) == 0
+    assert b.allow(DRAFTER, False, 4, unread=0, room=4) > 0
+    assert b.catch_up_per_token(200, room=127) == b.catch_up_per_token(200) == 200 * 0.0022 / CATCH_UP_HORIZON
+
+
+def test_after_a_lookup_step_the_drafter_reads_its_tokens_as_a_catch_up_not_as_drafting():
+    """The drafter's cost per token d is what drafting costs while it keeps up. The tokens a lookup
+    step emitted must be read before the next draft: counted in d, they made every draft look
+    dearer, and the drafter sat out most of a HumanEval request where lookup found matches."""
+    d_model, target, bridge = tiny_pair()
+    decoder = SpeculativeDecoder(target, make_drafter(d_model, bridge, target), bridge)
+    source = decoder.source(DRAFTER)
+    ids = target.tokenizer.encode("the cat sat on the mat and the cat")
+    source.begin(ids, DecodeConfig(max_new_tokens=32, draft_len=3, draft_stop="fixed"), NoCostPolicy())
+    assert source.offer(ids, 16).unread > 0  # the prompt, before the first draft
+    times = StepTimes()
+    proposal = source.draft(ids, source.offer(ids, 16), 3, times)
+    assert times.catch_up_tokens > 0 and times.catch_up_s > 0  # the prompt read
+    nxt = ids[1]
+    source.accept(StepResult(DRAFTER, DRAFTER, False, proposal, len(proposal.draft.tokens), 0, [nxt], False, None, times))
+    ids = ids + [nxt]
+    assert source.offer(ids, 16).unread == 0  # in step with its own draft: the rest is drafting
+    looked_up = ids[2:6]
+    source.accept(StepResult("context", "context-4", True, Proposal(looked_up[:-1]), 3, 3, looked_up, False, None,
+                             StepTimes()))
+    ids = ids + looked_up
+    assert source.offer(ids, 16).unread >= len(looked_up)
+    after = StepTimes()
+    source.draft(ids, source.offer(ids, 16), 3, after)
+    assert after.catch_up_tokens >= len(looked_up) and 0 < after.catch_up_s <= after.draft_s

@@ -47,6 +47,7 @@ class Offer:
     limit: int  # most tokens it can propose now
     ids: list[int] = field(default_factory=list)  # a lookup's target ids (free to look up)
     unread: int = 0  # tokens the source must read before its first one (a drafter behind the text)
+    room: int = 0  # tokens the request may still emit (0: not known): what a catch-up read pays back over
     prior: Prior = EVEN_PRIOR  # this key's acceptance before any evidence (a long lookup match: high)
 
 

@@ -64,6 +64,7 @@ class ModelDraft:
         self._translators: dict[tuple, Translator] = {}
         self._plan: Plan | None = None
         self._ctx: DrafterContext | None = None  # None after a plain step: rebuilt when drafting resumes
+        self._behind = False  # another source's tokens joined the context since the drafter last read it
         self._k_max = 0
 
     @classmethod
@@ -77,18 +78,27 @@ class ModelDraft:
         self._plan = self.plan(config, generator, policy)
         self._k_max = config.draft_len
         self._ctx = None  # built at the first draft, whose read of the prompt counts as a catch-up
+        self._behind = False
         return True
 
     def offer(self, ids: list[int], room: int) -> Offer:
-        # behind the text after plain steps: about as many tokens to read as it has not seen
-        unread = max(len(ids) - len(self.drafter.lm.cached_ids), 0) if self._ctx is None else 0
-        return Offer(self.name, min(self._k_max, room), unread=unread)
+        # behind the text after plain steps (about as many tokens to read as it has not seen) or after
+        # lookup steps (the tokens they emitted, already in the context)
+        cached = len(self.drafter.lm.cached_ids)
+        if self._ctx is None:
+            unread = max(len(ids) - cached, 0)
+        else:
+            unread = max(len(self._ctx.ids) - cached, 0) if self._behind else 0
+        return Offer(self.name, min(self._k_max, room), unread=unread, room=room)
 
     def draft(self, ids: list[int], offer: Offer, k: int, times: StepTimes) -> Proposal:
         t0 = time.perf_counter()
-        resumed = self._ctx is None  # plain or lookup steps went by: the drafter reads what they emitted
-        if resumed:
+        # plain or lookup steps went by: the drafter first reads what they emitted, a catch-up, not the
+        # cost of drafting (counted in d, it would make every later draft look dearer)
+        resumed = self._ctx is None or self._behind
+        if self._ctx is None:
             self._ctx = DrafterContext(self.bridge, ids)
+        self._behind = False
         t1 = time.perf_counter()
         draft = self.drafter.draft(self._ctx.ids, k, self._plan.policy)
         t2 = time.perf_counter()
@@ -112,6 +122,7 @@ class ModelDraft:
             self._ctx = None
         elif self._ctx is not None and not step.done:  # another source's target ids: the context follows the text
             translator.reverse(self._ctx, NO_DRAFT, Translation(), step.emitted, 0)
+            self._behind = True
 
     def finish(self, prompt_len: int, ids: list[int]) -> None:
         pass

@@ -195,10 +195,11 @@ class Exploration:
             self.steps, self.lost = int(saved[0]), float(saved[1])
 
 
-def explore_length(d: float, costs: Callable[[int], float], k_max: int, room: float) -> int:
+def explore_length(d: float, costs: Callable[[int], float], k_max: int, room: float, catch_up: float = 0.0) -> int:
     """The length an exploration drafts: the best one at OPTIMISTIC_ACCEPTANCE among those whose
     worst case (every token rejected: V(k) + k d - V(0)) loses at most ``room`` plain steps; 0 where
-    even that best case would beat a plain step by less than EXPLORE_MIN_GAIN."""
+    even that best case, paying ``catch_up`` seconds per emitted token for a read first, would beat
+    a plain step by less than EXPLORE_MIN_GAIN."""
     v0, cap = costs(0), 0
     for k in range(1, k_max + 1):
         if costs(k) + k * d - v0 > room * v0:
@@ -206,12 +207,21 @@ def explore_length(d: float, costs: Callable[[int], float], k_max: int, room: fl
         cap = k
     if not cap:
         return 0
-    rates = expected_rates(OPTIMISTIC_ACCEPTANCE, d, costs, cap)
-    k = best_draft_length(OPTIMISTIC_ACCEPTANCE, d, costs, cap)
+    rates = with_catch_up(expected_rates(OPTIMISTIC_ACCEPTANCE, d, costs, cap), catch_up)
+    k = max(range(cap + 1), key=lambda j: (rates[j], -j))
     return k if rates[k] >= EXPLORE_MIN_GAIN * rates[0] else 0
 
 
-CATCH_UP_STEPS = 8  # drafting steps a catch-up read is spread over in the decision to draft
+def with_catch_up(rates: Sequence[float], catch_up: float) -> list[float]:
+    """Tokens/s by draft length when every emitted token also pays ``catch_up`` seconds (its share of
+    a read the drafter must make before drafting); a plain step (k = 0) reads nothing."""
+    return [r if k == 0 or catch_up <= 0 else 1.0 / (1.0 / r + catch_up) for k, r in enumerate(rates)]
+
+
+# A drafter that sat out steps reads what it skipped before it drafts. That read pays back over the
+# tokens the request emits afterwards, counted up to this many (a reply often ends well before its
+# limit): each emitted token is charged read / min(room, CATCH_UP_HORIZON).
+CATCH_UP_HORIZON = 64
 
 
 class SourcePolicy(Protocol):
@@ -490,30 +500,37 @@ class CostPolicy:
                 return i, k
         return -1, 0
 
-    def allow(self, key: str, free: bool, k_max: int, unread: int = 0, prior: Prior = EVEN_PRIOR) -> int:
+    def allow(self, key: str, free: bool, k_max: int, unread: int = 0, prior: Prior = EVEN_PRIOR, room: int = 0) -> int:
         """How many tokens source ``key`` may draft this step when it is the only one on offer (0:
         none); ``choose`` with one offer."""
         from omnidraft.sources.base import Offer  # the sources import this module
 
-        return self.choose([(Offer(key, k_max, unread=unread, prior=prior), free)])[1]
+        return self.choose([(Offer(key, k_max, unread=unread, prior=prior, room=room), free)])[1]
 
     def _plan(self, offer: Offer, free: bool) -> tuple[int, float, Callable[[float], int]]:
         """An offer's best length k (0: it does not pay), the tokens per second expected at k, and
         the length an exploration would draft within a budget. A source that drafts token by token
-        (not free) has its unread tokens (it sat out plain steps) charged to its draft, spread over
-        the CATCH_UP_STEPS drafting steps a caught-up drafter then drafts in: charging all of it to
-        one draft would keep a drafter that pays from ever catching up on a long prompt, charging
-        none would wake a long-idle drafter to explore where a draft barely pays."""
+        (not free) and sat out steps reads its unread tokens first; that read is charged to every
+        token the request can still emit, up to CATCH_UP_HORIZON (:meth:`catch_up_per_token`).
+        Charging all of it to one draft (or to the next few) kept a drafter that pays from catching
+        up on a long prompt; charging none would wake a long-idle drafter near the end of a request,
+        where the read cannot pay back."""
         d = 0.0 if free else self.draft_cost.seconds_per_token
         costs = self._capped_verify()
-        setup = offer.unread * self.read_cost.seconds_per_token / CATCH_UP_STEPS if not free else 0.0
-        if setup > 0:
-            verify = costs
-            costs = lambda k: verify(k) + (setup if k else 0.0)  # noqa: E731
+        catch_up = 0.0 if free else self.catch_up_per_token(offer.unread, offer.room)
         k_max = offer.limit
-        rates = expected_rates(self.acceptance_for(offer.key, offer.prior).rates(k_max), d, costs, k_max)
+        rates = with_catch_up(expected_rates(self.acceptance_for(offer.key, offer.prior).rates(k_max), d, costs, k_max),
+                              catch_up)
         k = max(range(k_max + 1), key=lambda j: (rates[j], -j))  # the smallest maximiser (best_draft_length)
-        return k, rates[k], lambda room: explore_length(d, costs, k_max, room)
+        return k, rates[k], lambda room: explore_length(d, costs, k_max, room, catch_up)
+
+    def catch_up_per_token(self, unread: int, room: int = 0) -> float:
+        """Seconds each emitted token pays for reading ``unread`` tokens first: the read spread over
+        the ``room`` tokens the request may still emit (0: unknown), at most CATCH_UP_HORIZON."""
+        if unread <= 0:
+            return 0.0
+        span = min(room, CATCH_UP_HORIZON) if room > 0 else CATCH_UP_HORIZON
+        return unread * self.read_cost.seconds_per_token / span
 
     def stop_rule(self, k_max: int, head: AcceptHead | None) -> StopRule:
         self._stop = CostAwareStop(self, k_max, head)
@@ -543,7 +560,10 @@ class CostPolicy:
         if not reads_prompt:
             self.verify_costs.observe(step.proposed, step.verify_s)
             plain = self._capped_verify()(0)
-            self.explorations[step.free].settle((step.draft_s + step.verify_s) / plain - (step.kept + 1))
+            # a catch-up read is paid back by the steps after it: this step carries its tokens' share
+            read = step.times.catch_up_s
+            spent = step.draft_s - read + read * (step.kept + 1) / CATCH_UP_HORIZON + step.verify_s
+            self.explorations[step.free].settle(spent / plain - (step.kept + 1))
         self.acceptance_for(step.key).update(step.drafted, step.kept)
         probs = self._stop.probs if self._stop is not None and not step.free else []
         for i, q in enumerate(probs[: step.kept + 1]):  # conditional on the ones before being kept
