@@ -407,3 +407,20 @@ def test_after_a_lookup_step_the_drafter_reads_its_tokens_as_a_catch_up_not_as_d
     after = StepTimes()
     source.draft(ids, source.offer(ids, 16), 3, after)
     assert after.catch_up_tokens >= len(looked_up) and 0 < after.catch_up_s <= after.draft_s
+
+
+def test_a_chinese_catch_up_is_priced_in_the_drafters_own_tokens(real_pipeline):
+    """SmolLM2 spells most CJK characters as 2-3 byte tokens: a drafter that sat out a Chinese chat
+    turn reads ~2.5x as many tokens as the target emitted. Priced per target token, the read looked
+    cheap and the drafter caught up on whole conversations at a loss (a 20-turn Chinese chat ran at
+    0.4-0.6x the target alone while it did)."""
+    decoder, _, t_tok = real_pipeline("builtin:qwen2.5-coder-0.5b")
+    source = decoder.source(DRAFTER)
+    ids = t_tok.encode("请用三句话介绍一下长城的历史，并说明它为什么重要。长城是中国古代的军事防御工程。")
+    source.begin(ids, DecodeConfig(max_new_tokens=16, draft_len=2, draft_stop="fixed"), NoCostPolicy())
+    decoder.drafter.reset()
+    promised = source.offer(ids, 8).unread
+    times = StepTimes()
+    source.draft(ids, source.offer(ids, 8), 2, times)
+    assert promised > 1.5 * len(ids)  # byte tokens: far more than the target's count
+    assert abs(promised - times.catch_up_tokens) <= 0.1 * times.catch_up_tokens

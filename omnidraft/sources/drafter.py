@@ -65,6 +65,9 @@ class ModelDraft:
         self._plan: Plan | None = None
         self._ctx: DrafterContext | None = None  # None after a plain step: rebuilt when drafting resumes
         self._behind = False  # another source's tokens joined the context since the drafter last read it
+        # drafter tokens per target token of the text, from the last context built: SmolLM2 spells most
+        # CJK characters as 2-3 byte tokens, so a Chinese catch-up reads ~2.5x the target's count
+        self._per_target = 1.0
         self._k_max = 0
 
     @classmethod
@@ -79,14 +82,15 @@ class ModelDraft:
         self._k_max = config.draft_len
         self._ctx = None  # built at the first draft, whose read of the prompt counts as a catch-up
         self._behind = False
+        self._per_target = len(self.bridge.target_to_drafter(ids)) / max(len(ids), 1)  # what that read costs
         return True
 
     def offer(self, ids: list[int], room: int) -> Offer:
-        # behind the text after plain steps (about as many tokens to read as it has not seen) or after
-        # lookup steps (the tokens they emitted, already in the context)
+        # behind the text after plain steps (the text it has not seen, in its own tokens as estimated
+        # from the last context) or after lookup steps (the tokens they emitted, already in the context)
         cached = len(self.drafter.lm.cached_ids)
         if self._ctx is None:
-            unread = max(len(ids) - cached, 0)
+            unread = max(round(len(ids) * self._per_target) - cached, 0)
         else:
             unread = max(len(self._ctx.ids) - cached, 0) if self._behind else 0
         return Offer(self.name, min(self._k_max, room), unread=unread, room=room)
@@ -98,6 +102,7 @@ class ModelDraft:
         resumed = self._ctx is None or self._behind
         if self._ctx is None:
             self._ctx = DrafterContext(self.bridge, ids)
+            self._per_target = len(self._ctx.ids) / max(len(ids), 1)
         self._behind = False
         t1 = time.perf_counter()
         draft = self.drafter.draft(self._ctx.ids, k, self._plan.policy)
