@@ -320,10 +320,14 @@ def best_draft_length(a: Acceptance, d: float, V: CostFn, k_max: int) -> int:
 
     Returns 0 (plain decoding) unless some k > 0 beats E(0)/T(0) = 1/V(0); ties go to the smaller k.
     """
-    r = expected_rates(a, d, V, k_max)
+    return best_rate(expected_rates(a, d, V, k_max))
+
+
+def best_rate(rates: Sequence[float]) -> int:
+    """The smallest k whose tokens/s ``rates[k]`` is the largest (0 unless a draft beats a plain step)."""
     best = 0
-    for k in range(1, k_max + 1):
-        if r[k] > r[best]:
+    for k in range(1, len(rates)):
+        if rates[k] > rates[best]:
             best = k
     return best
 

@@ -148,7 +148,7 @@ inline __m256 load_half8(const at::Half* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
 
-// t [rows, rank] = x A^T (float activations, A in float16)
+// t [rows, rank] = scale * x A^T (float activations, A in float16): the LoRA scale applied once per rank row
 void lora_a_for(const Lora& l, const float* x, int64_t rows, int64_t in, float* t) {
   const int64_t rank = l.a.size(0);
   const at::Half* a = l.a.data_ptr<at::Half>();
@@ -159,11 +159,11 @@ void lora_a_for(const Lora& l, const float* x, int64_t rows, int64_t in, float* 
     const float* xr = x + r * in;
     __m256 acc = _mm256_setzero_ps();
     for (int64_t i = 0; i < in; i += 8) acc = _mm256_fmadd_ps(load_half8(aj + i), _mm256_loadu_ps(xr + i), acc);
-    t[r * rank + j] = hsum(acc);
+    t[r * rank + j] = l.scale * hsum(acc);
   }
 }
 
-// y [rows, out] += scale * t B^T, with B held transposed (bt [rank, out], float16): 8 outputs per FMA, so
+// y [rows, out] += t B^T (t already scaled), with B held transposed (bt [rank, out], float16): 8 outputs per FMA, so
 // no output pays a horizontal sum
 void lora_b_for(const Lora& l, const float* t, int64_t rows, float* y) {
   const int64_t rank = l.bt.size(0), out = l.bt.size(1);
@@ -175,7 +175,7 @@ void lora_b_for(const Lora& l, const float* t, int64_t rows, float* y) {
       const float* tr = t + r * rank;
       __m256 acc = _mm256_loadu_ps(yr);
       for (int64_t j = 0; j < rank; ++j)
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(l.scale * tr[j]), load_half8(bt + j * out + o), acc);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(tr[j]), load_half8(bt + j * out + o), acc);
       _mm256_storeu_ps(yr, acc);
     }
 }

@@ -80,9 +80,11 @@ class ModelDraft:
         generator = torch.Generator().manual_seed(config.seed)  # the drafter's sampling (verification: step_generator)
         self._plan = self.plan(config, generator, policy)
         self._k_max = config.draft_len
-        self._ctx = None  # built at the first draft, whose read of the prompt counts as a catch-up
-        self._behind = False
-        self._per_target = len(self.bridge.target_to_drafter(ids)) / max(len(ids), 1)  # what that read costs
+        # the prompt in drafter tokens, not read yet: the first draft's read of it is a catch-up, and its
+        # size is what the offers charge for it
+        self._ctx = DrafterContext(self.bridge, ids)
+        self._behind = True
+        self._per_target = len(self._ctx.ids) / max(len(ids), 1)
         return True
 
     def offer(self, ids: list[int], room: int) -> Offer:

@@ -53,7 +53,7 @@ from omnidraft.costs import (
     Prior,
     SequentialDraft,
     VerifyCosts,
-    best_draft_length,
+    best_rate,
     expected_rates,
 )
 from omnidraft.errors import OmnidraftError
@@ -208,7 +208,7 @@ def explore_length(d: float, costs: Callable[[int], float], k_max: int, room: fl
     if not cap:
         return 0
     rates = with_catch_up(expected_rates(OPTIMISTIC_ACCEPTANCE, d, costs, cap), catch_up)
-    k = max(range(cap + 1), key=lambda j: (rates[j], -j))
+    k = best_rate(rates)
     return k if rates[k] >= EXPLORE_MIN_GAIN * rates[0] else 0
 
 
@@ -521,7 +521,7 @@ class CostPolicy:
         k_max = offer.limit
         rates = with_catch_up(expected_rates(self.acceptance_for(offer.key, offer.prior).rates(k_max), d, costs, k_max),
                               catch_up)
-        k = max(range(k_max + 1), key=lambda j: (rates[j], -j))  # the smallest maximiser (best_draft_length)
+        k = best_rate(rates)
         return k, rates[k], lambda room: explore_length(d, costs, k_max, room, catch_up)
 
     def catch_up_per_token(self, unread: int, room: int = 0) -> float:
