@@ -81,3 +81,20 @@ def test_dm_agreement_splits_evaluates_top1_per_position():
         one_agree, one_logp = distiller.dm_agreement([e])
         picked = torch.isin(logp, one_logp)
         assert torch.equal(agree[picked][logp[picked].argsort()], one_agree[one_logp.argsort()])
+
+
+def test_a_published_adapter_resumes_at_its_own_rank_and_scaling():
+    """A home's adapter trained under another rank (an older default) goes on training at that rank,
+    with the scaling it was published with, instead of failing to load or changing what it computes."""
+    examples = [_example(s) for s in range(2)]
+    trained = _distiller()  # rank 4, scaling 1
+    trained.update(examples)
+    state = trained.state()
+    torch.manual_seed(0)
+    resumed = Distiller(tiny_model(VOCAB, seed=3), torch.ones(VOCAB, dtype=torch.bool),
+                        TrainConfig(lr=1e-2, rank=2, alpha=4, batch_size=2, head=False), state, scaling=1.0)
+    assert (resumed.config.rank, resumed.config.scaling) == (4, 1.0)
+    assert all(torch.equal(resumed.state()[k], v) for k, v in state.items())
+    assert resumed.evaluate(examples).loss == pytest.approx(trained.evaluate(examples).loss, rel=1e-6)
+    resumed.update(examples)  # and it trains
+    assert any(not torch.equal(resumed.state()[k], v) for k, v in state.items())

@@ -148,7 +148,9 @@ inline __m256 load_half8(const at::Half* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
 
-// t [rows, rank] = scale * x A^T (float activations, A in float16): the LoRA scale applied once per rank row
+// t [rows, rank] = scale * x A^T (float activations, A in float16): the LoRA scale applied once per rank row.
+// Four accumulators per dot product (a single FMA chain would wait on its own latency at every step); `in` is
+// a multiple of the 32-wide quantization block
 void lora_a_for(const Lora& l, const float* x, int64_t rows, int64_t in, float* t) {
   const int64_t rank = l.a.size(0);
   const at::Half* a = l.a.data_ptr<at::Half>();
@@ -157,27 +159,40 @@ void lora_a_for(const Lora& l, const float* x, int64_t rows, int64_t in, float* 
     const int64_t r = k / rank, j = k % rank;
     const at::Half* aj = a + j * in;
     const float* xr = x + r * in;
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t i = 0; i < in; i += 8) acc = _mm256_fmadd_ps(load_half8(aj + i), _mm256_loadu_ps(xr + i), acc);
-    t[r * rank + j] = l.scale * hsum(acc);
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int64_t i = 0; i < in; i += 32)
+      for (int u = 0; u < 4; ++u) acc[u] = _mm256_fmadd_ps(load_half8(aj + i + 8 * u), _mm256_loadu_ps(xr + i + 8 * u), acc[u]);
+    t[r * rank + j] = l.scale * hsum(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
   }
 }
 
-// y [rows, out] += t B^T (t already scaled), with B held transposed (bt [rank, out], float16): 8 outputs per FMA, so
-// no output pays a horizontal sum
-void lora_b_for(const Lora& l, const float* t, int64_t rows, float* y) {
-  const int64_t rank = l.bt.size(0), out = l.bt.size(1);
-  const at::Half* bt = l.bt.data_ptr<at::Half>();
-#pragma omp for schedule(static) nowait
-  for (int64_t o = 0; o < out; o += 8)
-    for (int64_t r = 0; r < rows; ++r) {
-      float* yr = y + r * out + o;
-      const float* tr = t + r * rank;
-      __m256 acc = _mm256_loadu_ps(yr);
-      for (int64_t j = 0; j < rank; ++j)
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(tr[j]), load_half8(bt + j * out + o), acc);
-      _mm256_storeu_ps(yr, acc);
+// y [rows, out] += t B^T for outputs [o, o + 8 * U) (t already scaled; B held transposed, bt [rank, out], float16):
+// U independent accumulators, and each rank row's 8 * U outputs read as whole cache lines
+template <int U>
+inline void lora_b_block(const at::Half* bt, int64_t rank, int64_t out, const float* t, int64_t rows, int64_t o, float* y) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float* yr = y + r * out + o;
+    const float* tr = t + r * rank;
+    __m256 acc[U];
+    for (int u = 0; u < U; ++u) acc[u] = _mm256_loadu_ps(yr + 8 * u);
+    for (int64_t j = 0; j < rank; ++j) {
+      const __m256 tj = _mm256_set1_ps(tr[j]);
+      for (int u = 0; u < U; ++u) acc[u] = _mm256_fmadd_ps(tj, load_half8(bt + j * out + o + 8 * u), acc[u]);
     }
+    for (int u = 0; u < U; ++u) _mm256_storeu_ps(yr + 8 * u, acc[u]);
+  }
+}
+
+// y [rows, out] += t B^T, output blocks of 32 shared among the team (and a tail of 8s)
+void lora_b_for(const Lora& l, const float* t, int64_t rows, float* y) {
+  const int64_t rank = l.bt.size(0), out = l.bt.size(1), wide = out / 32 * 32;
+  const at::Half* bt = l.bt.data_ptr<at::Half>();
+  const int64_t blocks = wide / 32 + (out - wide) / 8;  // 32 outputs each, then 8 each
+#pragma omp for schedule(static) nowait
+  for (int64_t b = 0; b < blocks; ++b) {
+    if (b < wide / 32) lora_b_block<4>(bt, rank, out, t, rows, 32 * b, y);
+    else lora_b_block<1>(bt, rank, out, t, rows, wide + 8 * (b - wide / 32), y);
+  }
 }
 
 void rms_norm(const float* x, const float* w, float* y, int64_t n, float eps) {

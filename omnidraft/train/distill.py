@@ -19,7 +19,7 @@ import math
 import random
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import torch
 
@@ -62,11 +62,25 @@ class UpdateMetrics:
         return asdict(self)
 
 
+def resumed_config(config: TrainConfig, rank: int, scaling: float | None = None) -> TrainConfig:
+    """``config`` at an existing adapter's rank, its LoRA scaling kept (``scaling``, default the config's)."""
+    scaling = config.scaling if scaling is None else scaling
+    if rank == config.rank and scaling == config.scaling:
+        return config
+    return replace(config, rank=rank, alpha=scaling * rank)
+
+
 class Distiller:
     """The trainable LoRA drafter and its optimizer."""
 
     def __init__(self, model: torch.nn.Module, dm_mask: torch.Tensor, config: TrainConfig,
-                 state: dict[str, torch.Tensor] | None = None, head_state: dict[str, torch.Tensor] | None = None) -> None:
+                 state: dict[str, torch.Tensor] | None = None, head_state: dict[str, torch.Tensor] | None = None,
+                 scaling: float | None = None) -> None:
+        """``state`` (with its ``scaling``, default the config's) resumes a published adapter: training
+        goes on at that adapter's rank and scaling whatever the config says (a home's adapter may have
+        been trained under an older default rank)."""
+        if state is not None:
+            config = resumed_config(config, lora.state_rank(state), scaling)
         config.validate()
         self.config = config
         self._loss_config = LossConfig(config.loss, config.ngram_weight, config.lam, config.span_weight)

@@ -1,8 +1,8 @@
 """LoRA on the drafter for training, with peft.
 
 Training wraps an fp32 copy of the drafter with peft's LoRA on every linear projection of its
-attention and MLP blocks ("all-linear": the LM head and embeddings stay frozen), rank 32 as in the
-paper (Appendix B.5). Inference merges a published adapter instead (``omnidraft.adapter.merge``).
+attention and MLP blocks ("all-linear": the LM head and embeddings stay frozen), rank 16 by default
+(``TrainConfig``; the paper's Appendix B.5 uses 32). Inference merges a published adapter instead (``omnidraft.adapter.merge``).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from peft import (
     set_peft_model_state_dict,
 )
 
-DEFAULT_RANK = 32
-DEFAULT_ALPHA = 32  # scaling α/r = 1
+DEFAULT_RANK = 16
+DEFAULT_ALPHA = 16  # scaling α/r = 1
 
 
 def lora_config(rank: int = DEFAULT_RANK, alpha: float = DEFAULT_ALPHA) -> LoraConfig:
@@ -38,3 +38,12 @@ def attach(model: torch.nn.Module, config: LoraConfig, state: dict[str, torch.Te
 def lora_state(peft_model) -> dict[str, torch.Tensor]:
     """The adapter's tensors in peft's saved naming, detached copies on the CPU."""
     return {k: v.detach().to("cpu", copy=True) for k, v in get_peft_model_state_dict(peft_model).items()}
+
+
+def state_rank(state: dict[str, torch.Tensor]) -> int:
+    """The rank of a saved adapter (its lora_A tensors are [rank, in])."""
+    ranks = {int(v.shape[0]) for k, v in state.items() if "lora_A" in k}
+    if len(ranks) != 1:
+        raise ValueError(f"adapter has LoRA tensors of ranks {sorted(ranks)}; one rank expected")
+    return ranks.pop()
+

@@ -77,12 +77,13 @@ class _Worker:
 
         self.setup, self.inbox, self.outbox = setup, inbox, outbox
         model, _ = models.load(setup.drafter_spec, home=setup.home, dtype="float32", progress=False)
-        state = head_state = None
+        state = head_state = scaling = None
         if setup.resume_from:
             loaded = store.load(Path(setup.resume_from), None)
-            state, head_state = (loaded.state, loaded.head_state) if loaded else (None, None)
+            if loaded:
+                state, head_state, scaling = loaded.state, loaded.head_state, loaded.scaling
         torch.manual_seed(setup.config.seed)
-        self.distiller = Distiller(model, torch.from_numpy(setup.dm_mask), setup.config, state, head_state)
+        self.distiller = Distiller(model, torch.from_numpy(setup.dm_mask), setup.config, state, head_state, scaling)
         self.buffer: list = []
         self.meta = dict(setup.meta)
         for key in ("updates", "records_seen", "tokens_seen"):
@@ -107,7 +108,7 @@ class _Worker:
         self.meta["records_seen"] += len(batch)
         self.meta["tokens_seen"] += sum(e.emitted_tokens for e in batch)
         self.meta["history"] = (self.meta["history"] + [point])[-50:]
-        self.meta["train_config"] = asdict(self.setup.config)
+        self.meta["train_config"] = asdict(self.distiller.config)  # the rank a resumed adapter kept
         path = save(Path(self.setup.adapter_folder), self.distiller.model, self.meta,
                                   self.distiller.head_state())
         self.outbox.send(("published", str(path), self.meta["updates"], point))
