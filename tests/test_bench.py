@@ -144,3 +144,27 @@ def test_latency_splits_a_chunks_gap_among_its_tokens():
     assert lat["itl_ms_median"] == pytest.approx(100.0)  # 100, 100, 100, 100, 400
     assert 100.0 < lat["itl_ms_p90"] <= 400.0
     assert latency_ms([PromptRun([1], 0.1, 1, token_times=[0.05])])["itl_ms_median"] is None
+
+
+def test_the_base_mode_refuses_a_torch_drafter_with_a_merged_adapter():
+    """A torch drafter merges its adapter into the weights, and a fork copies them: a greedy-base mode
+    built from it would silently draft with the adapter. Without one, the fork is the base drafter."""
+    import torch
+
+    from omnidraft.bench.runner import base_drafter
+    from omnidraft.drafter import Drafter
+    from omnidraft.drafter.torch_lm import TorchDraftLM
+
+    lm = TorchDraftLM(tiny_model(64, seed=1))
+    drafter = Drafter(lm)
+    assert base_drafter(drafter).lm is not lm  # no adapter: a fork is the base
+    weight = next(w for n, w in lm.model.named_parameters() if n.endswith("q_proj.weight"))
+    name = next(n for n, w in lm.model.named_parameters() if n.endswith("q_proj.weight"))[: -len(".weight")]
+    state = {f"base_model.model.{name}.lora_A.weight": torch.ones(2, weight.shape[1]),
+             f"base_model.model.{name}.lora_B.weight": torch.ones(weight.shape[0], 2)}
+    lm.apply_adapter(state, 1.0)
+    assert lm.has_adapter
+    with pytest.raises(ValueError, match="native, llamacpp or onnx"):
+        base_drafter(drafter)
+    with pytest.raises(ValueError, match="needs a drafter"):
+        base_drafter(None)

@@ -156,3 +156,30 @@ def test_the_pipeline_loads_it_without_the_torch_drafter_and_uses_the_pairs_adap
     assert pipe.drafter_backend == "native"
     assert pipe.adapter_slot.identity.drafter_arch == architecture_fingerprint(d_model)  # without loading it
     assert pipe.adapter_slot.current is not None and pipe.adapter_slot.current.state.keys() == state.keys()
+
+
+@pytest.mark.real
+def test_the_bench_base_drafter_drops_the_adapter_and_leaves_the_original_adapted(native, peft_drafter):
+    """`bench --modes greedy,greedy-base` compares an adapter with the base weights in one run: the
+    base mode's drafter must draft with the base weights and no acceptance head, while the adapted
+    drafter it was forked from keeps its adapter."""
+    from omnidraft.bench.runner import base_drafter
+    from omnidraft.drafter import Drafter
+
+    lm, tok = native
+    _, state, scaling = peft_drafter
+    ids = list(tok.encode(TEXT))[:30]
+    lm.apply_adapter(None)
+    base = lm.logits_for(ids).clone()
+    lm.apply_adapter(state, scaling)
+    adapted = lm.logits_for(ids).clone()
+    try:
+        drafter = Drafter(lm, stop_ids=[0])
+        drafter.head = object()  # an adapter's acceptance head: not the base mode's
+        plain = base_drafter(drafter)
+        assert plain.head is None and plain.stop_ids == drafter.stop_ids and plain.lm is not lm
+        assert torch.equal(plain.lm.logits_for(ids), base)
+        lm.reset()
+        assert torch.equal(lm.logits_for(ids), adapted)
+    finally:
+        lm.apply_adapter(None)

@@ -23,8 +23,11 @@ from omnidraft.ngram.trie import NgramCache, NgramTrie
 # greedy: text translation (our default); greedy-ngram: the paper's token mapping + n-gram cache;
 # greedy-nocache: token mapping alone. tli / omnidraft: rejection sampling at --temperature.
 # greedy-repeat: the same request a second time, with the lookup history of the first (a repeated session).
+# greedy-base: greedy with the drafter's base weights (no adapter, no acceptance head): what --adapter gains or
+# costs, measured in the same run.
 OUR_MODES = ("target", "target-sample", "greedy", "greedy-ngram", "greedy-nocache", "tli", "omnidraft", "text-sample", "rdk", "slrs",
-             "lookup", "greedy-nolookup", "greedy-repeat")
+             "lookup", "greedy-nolookup", "greedy-repeat", "greedy-base")
+BASE_MODES = ("greedy-base",)  # the drafter without its adapter (a fork with base weights)
 SAMPLING_MODES = ("tli", "omnidraft", "text-sample", "rdk", "slrs", "hf-uag-sample", "target-sample")  # at --sample-temperature
 HF_MODES = ("hf-target", "hf-uag", "hf-lookup", "hf-uag-sample")
 # On llama.cpp: its own greedy loop (llama-cpp-python's ``Llama.generate``), our loop with the
@@ -41,7 +44,7 @@ REMOTE_MODES = STREAM_MODES + ("target", "greedy", "greedy-ngram", "greedy-nocac
 ALL_MODES = OUR_MODES + ("greedy-onnx", "greedy-gguf") + HF_MODES + LLAMA_MODES + STREAM_MODES
 DEFAULT_MODES = ("target", "hf-target", "hf-uag", "greedy", "greedy-ngram", "greedy-nocache", "tli", "omnidraft")
 GREEDY_MODES = ("target", "hf-target", "hf-uag", "hf-lookup", "greedy", "greedy-ngram", "greedy-nocache", "greedy-onnx",
-                "greedy-gguf", "lookup", "greedy-nolookup", "greedy-repeat") + LLAMA_MODES + STREAM_MODES
+                "greedy-gguf", "lookup", "greedy-nolookup", "greedy-repeat", "greedy-base") + LLAMA_MODES + STREAM_MODES
 
 
 def baseline_of(mode: str, available: Collection[str] = ()) -> str:
@@ -320,13 +323,14 @@ def llama_native_mode(target, max_new_tokens: int) -> ModeFn:
 
 def build_modes(pipe, modes: Sequence[str], base: DecodeConfig, temperature: float,
                 ngrams_factory: Callable[[], NgramCache] = NgramTrie, llama=None, onnx=None,
-                gguf=None) -> dict[str, ModeFn]:
+                gguf=None, base_drafter=None) -> dict[str, ModeFn]:
     """Mode name -> runner, all sharing the pipeline's target engine, drafter and weights.
 
     ``base`` carries the shared knobs (max new tokens, draft length, draft policy, seed).
     ``llama``: the same target on llama.cpp (a ``LlamaCppTarget``), for the ``@llamacpp`` modes;
     ``onnx``: the drafter on onnxruntime (a ``Drafter`` over ``OnnxDraftLM``), for the ``-onnx`` modes;
-    ``gguf``: the drafter on llama.cpp (a ``Drafter`` over ``LlamaCppDraftLM``), for the ``-gguf`` modes.
+    ``gguf``: the drafter on llama.cpp (a ``Drafter`` over ``LlamaCppDraftLM``), for the ``-gguf`` modes;
+    ``base_drafter``: the drafter with its base weights (:func:`base_drafter`), for ``greedy-base``.
     """
     target, drafter, bridge = pipe.decoder.target, pipe.decoder.drafter, pipe.decoder.bridge
     max_new_tokens = base.max_new_tokens
@@ -367,6 +371,8 @@ def build_modes(pipe, modes: Sequence[str], base: DecodeConfig, temperature: flo
         "hf-lookup": lambda: hf_mode(pipe.target_model, target.tokenizer, max_new_tokens, prompt_lookup=10),
         "lookup": lambda: our_mode(SpeculativeDecoder(target, lookup=True), cfg(verify="greedy")),
         "greedy-nolookup": lambda: spec(cfg(verify="greedy", translate="text", lookup=False), ngrams_factory()),
+        "greedy-base": lambda: our_mode(SpeculativeDecoder(target, base_drafter, bridge, ngrams_factory()),
+                                        cfg(verify="greedy", translate="text")),
         "lookup@llamacpp": lambda: our_mode(SpeculativeDecoder(llama, lookup=True), cfg(verify="greedy")),
         "greedy-nolookup@llamacpp": lambda: our_mode(SpeculativeDecoder(llama, drafter, bridge, ngrams_factory()),
                                                      cfg(verify="greedy", translate="text", lookup=False)),
@@ -395,12 +401,31 @@ def build_modes(pipe, modes: Sequence[str], base: DecodeConfig, temperature: flo
         raise ValueError("the -onnx modes need the drafter's ONNX export (omnidraft export)")
     if gguf is None and any(m in GGUF_MODES for m in modes):
         raise ValueError("the -gguf modes need the drafter on llama.cpp")
+    if base_drafter is None and any(m in BASE_MODES for m in modes):
+        raise ValueError("the greedy-base mode needs the drafter with its base weights")
     if llama is None and any(m in LLAMA_MODES for m in modes):
         raise ValueError("the @llamacpp modes need the target on llama.cpp")
     unknown = [m for m in modes if m not in table]
     if unknown:
         raise ValueError(f"unknown bench modes {unknown}; known: {', '.join(ALL_MODES)}")
     return {m: table[m]() for m in modes}
+
+
+def base_drafter(drafter):
+    """A drafter over the same model with its base weights and no acceptance head: a fork (its own KV
+    cache) with the adapter taken off. ValueError where a fork cannot drop an adapter: the torch
+    backend merges one into its weights, and its fork copies the merged weights."""
+    from omnidraft.drafter import Drafter
+    from omnidraft.drafter.torch_lm import TorchDraftLM
+
+    if drafter is None:
+        raise ValueError("the greedy-base mode needs a drafter (--drafter)")
+    if isinstance(drafter.lm, TorchDraftLM) and drafter.lm.has_adapter:
+        raise ValueError("greedy-base with an adapter needs a drafter backend that holds the adapter apart from the "
+                         "weights (--drafter-backend native, llamacpp or onnx); torch merges it into them")
+    lm = drafter.lm.fork()
+    lm.apply_adapter(None)
+    return Drafter(lm, drafter.stop_ids)
 
 
 def policy_report(mode_fns: dict[str, ModeFn]) -> dict[str, dict]:

@@ -219,9 +219,11 @@ def run(args: argparse.Namespace) -> int:
     from omnidraft.bench.conversations import expand_turns
     from omnidraft.bench.report import markdown_table, write_results
     from omnidraft.bench.runner import (
+        BASE_MODES,
         LLAMA_MODES,
         GGUF_MODES,
         ONNX_MODES,
+        base_drafter,
         build_modes,
         policy_report,
         run_bench,
@@ -242,8 +244,12 @@ def run(args: argparse.Namespace) -> int:
     llama = _llama_target(args, pipe) if any(m in LLAMA_MODES for m in modes) else None
     onnx = _onnx_drafter(args, pipe) if any(m in ONNX_MODES for m in modes) else None
     gguf = _gguf_drafter(args, pipe) if any(m in GGUF_MODES for m in modes) else None
+    try:
+        plain = base_drafter(pipe.decoder.drafter) if any(m in BASE_MODES for m in modes) else None
+    except ValueError as exc:
+        raise OmnidraftError(str(exc)) from None
     fns = build_modes(pipe, modes, base, args.sample_temperature, llama=llama, onnx=onnx, gguf=gguf,
-                      **({"ngrams_factory": factory} if factory else {}))
+                      base_drafter=plain, **({"ngrams_factory": factory} if factory else {}))
     warm = encode_prompt(pipe.target_tokenizer, WARMUP_TEXT, chat=False)
     runs = run_bench(fns, prompts, warmup=warm[:16])
     summary = summarize(runs, baseline="server-stream" if "server-stream" in runs else "target")

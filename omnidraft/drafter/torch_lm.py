@@ -60,6 +60,11 @@ class TorchDraftLM:
     def reset(self) -> None:
         self.cached.reset()
 
+    @property
+    def has_adapter(self) -> bool:
+        """An adapter is merged into the weights now (a fork would copy it)."""
+        return self._merged is not None and self._merged.active
+
     def fork(self) -> TorchDraftLM:
         """Another drafter with these weights and a KV cache of its own (one per concurrent session)."""
         return TorchDraftLM(copy.deepcopy(self.model), self.dtype)
