@@ -151,13 +151,13 @@ def test_the_base_mode_refuses_a_torch_drafter_with_a_merged_adapter():
     built from it would silently draft with the adapter. Without one, the fork is the base drafter."""
     import torch
 
-    from omnidraft.bench.runner import base_drafter
+    from omnidraft.bench.runner import without_adapter
     from omnidraft.drafter import Drafter
     from omnidraft.drafter.torch_lm import TorchDraftLM
 
     lm = TorchDraftLM(tiny_model(64, seed=1))
     drafter = Drafter(lm)
-    assert base_drafter(drafter).lm is not lm  # no adapter: a fork is the base
+    assert without_adapter(drafter).lm is not lm  # no adapter: a fork is the base
     weight = next(w for n, w in lm.model.named_parameters() if n.endswith("q_proj.weight"))
     name = next(n for n, w in lm.model.named_parameters() if n.endswith("q_proj.weight"))[: -len(".weight")]
     state = {f"base_model.model.{name}.lora_A.weight": torch.ones(2, weight.shape[1]),
@@ -165,6 +165,6 @@ def test_the_base_mode_refuses_a_torch_drafter_with_a_merged_adapter():
     lm.apply_adapter(state, 1.0)
     assert lm.has_adapter
     with pytest.raises(ValueError, match="native, llamacpp or onnx"):
-        base_drafter(drafter)
+        without_adapter(drafter)
     with pytest.raises(ValueError, match="needs a drafter"):
-        base_drafter(None)
+        without_adapter(None)

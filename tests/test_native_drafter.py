@@ -163,7 +163,7 @@ def test_the_bench_base_drafter_drops_the_adapter_and_leaves_the_original_adapte
     """`bench --modes greedy,greedy-base` compares an adapter with the base weights in one run: the
     base mode's drafter must draft with the base weights and no acceptance head, while the adapted
     drafter it was forked from keeps its adapter."""
-    from omnidraft.bench.runner import base_drafter
+    from omnidraft.bench.runner import without_adapter
     from omnidraft.drafter import Drafter
 
     lm, tok = native
@@ -176,7 +176,7 @@ def test_the_bench_base_drafter_drops_the_adapter_and_leaves_the_original_adapte
     try:
         drafter = Drafter(lm, stop_ids=[0])
         drafter.head = object()  # an adapter's acceptance head: not the base mode's
-        plain = base_drafter(drafter)
+        plain = without_adapter(drafter)
         assert plain.head is None and plain.stop_ids == drafter.stop_ids and plain.lm is not lm
         assert torch.equal(plain.lm.logits_for(ids), base)
         lm.reset()

@@ -330,7 +330,7 @@ def build_modes(pipe, modes: Sequence[str], base: DecodeConfig, temperature: flo
     ``llama``: the same target on llama.cpp (a ``LlamaCppTarget``), for the ``@llamacpp`` modes;
     ``onnx``: the drafter on onnxruntime (a ``Drafter`` over ``OnnxDraftLM``), for the ``-onnx`` modes;
     ``gguf``: the drafter on llama.cpp (a ``Drafter`` over ``LlamaCppDraftLM``), for the ``-gguf`` modes;
-    ``base_drafter``: the drafter with its base weights (:func:`base_drafter`), for ``greedy-base``.
+    ``base_drafter``: the drafter with its base weights (:func:`without_adapter`), for ``greedy-base``.
     """
     target, drafter, bridge = pipe.decoder.target, pipe.decoder.drafter, pipe.decoder.bridge
     max_new_tokens = base.max_new_tokens
@@ -411,7 +411,7 @@ def build_modes(pipe, modes: Sequence[str], base: DecodeConfig, temperature: flo
     return {m: table[m]() for m in modes}
 
 
-def base_drafter(drafter):
+def without_adapter(drafter):
     """A drafter over the same model with its base weights and no acceptance head: a fork (its own KV
     cache) with the adapter taken off. ValueError where a fork cannot drop an adapter: the torch
     backend merges one into its weights, and its fork copies the merged weights."""

@@ -223,7 +223,7 @@ def run(args: argparse.Namespace) -> int:
         LLAMA_MODES,
         GGUF_MODES,
         ONNX_MODES,
-        base_drafter,
+        without_adapter,
         build_modes,
         policy_report,
         run_bench,
@@ -245,7 +245,7 @@ def run(args: argparse.Namespace) -> int:
     onnx = _onnx_drafter(args, pipe) if any(m in ONNX_MODES for m in modes) else None
     gguf = _gguf_drafter(args, pipe) if any(m in GGUF_MODES for m in modes) else None
     try:
-        plain = base_drafter(pipe.decoder.drafter) if any(m in BASE_MODES for m in modes) else None
+        plain = without_adapter(pipe.decoder.drafter) if any(m in BASE_MODES for m in modes) else None
     except ValueError as exc:
         raise OmnidraftError(str(exc)) from None
     fns = build_modes(pipe, modes, base, args.sample_temperature, llama=llama, onnx=onnx, gguf=gguf,

@@ -1,8 +1,9 @@
 """LoRA on the drafter for training, with peft.
 
 Training wraps an fp32 copy of the drafter with peft's LoRA on every linear projection of its
-attention and MLP blocks ("all-linear": the LM head and embeddings stay frozen), rank 16 by default
-(``TrainConfig``; the paper's Appendix B.5 uses 32). Inference merges a published adapter instead (``omnidraft.adapter.merge``).
+attention and MLP blocks ("all-linear": the LM head and embeddings stay frozen), at ``TrainConfig``'s
+rank (16 by default; the paper's Appendix B.5 uses 32). Inference merges a published adapter instead
+(``omnidraft.adapter.merge``).
 """
 
 from __future__ import annotations
@@ -15,8 +16,10 @@ from peft import (
     set_peft_model_state_dict,
 )
 
-DEFAULT_RANK = 16
-DEFAULT_ALPHA = 16  # scaling α/r = 1
+from omnidraft.train.config import TrainConfig
+
+DEFAULT_RANK = TrainConfig.rank
+DEFAULT_ALPHA = TrainConfig.alpha
 
 
 def lora_config(rank: int = DEFAULT_RANK, alpha: float = DEFAULT_ALPHA) -> LoraConfig:
