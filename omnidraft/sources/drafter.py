@@ -82,9 +82,8 @@ class ModelDraft:
         self._k_max = config.draft_len
         # the prompt in drafter tokens, not read yet: the first draft's read of it is a catch-up, and its
         # size is what the offers charge for it
-        self._ctx = DrafterContext(self.bridge, ids)
+        self._build_context(ids)
         self._behind = True
-        self._per_target = len(self._ctx.ids) / max(len(ids), 1)
         return True
 
     def offer(self, ids: list[int], room: int) -> Offer:
@@ -103,8 +102,7 @@ class ModelDraft:
         # cost of drafting (counted in d, it would make every later draft look dearer)
         resumed = self._ctx is None or self._behind
         if self._ctx is None:
-            self._ctx = DrafterContext(self.bridge, ids)
-            self._per_target = len(self._ctx.ids) / max(len(ids), 1)
+            self._build_context(ids)
         self._behind = False
         t1 = time.perf_counter()
         draft = self.drafter.draft(self._ctx.ids, k, self._plan.policy)
@@ -116,6 +114,11 @@ class ModelDraft:
             times.catch_up_tokens += draft.read_tokens
         times.translate_s += (t1 - t0) + (time.perf_counter() - t2)
         return Proposal(tr.target_ids, draft, tr, self._plan.translator)
+
+    def _build_context(self, ids: list[int]) -> None:
+        """The drafter's context for the text ``ids``, and the drafter tokens per target token it took."""
+        self._ctx = DrafterContext(self.bridge, ids)
+        self._per_target = len(self._ctx.ids) / max(len(ids), 1)
 
     def accept(self, step: StepResult) -> None:
         translator = self._plan.translator
