@@ -115,13 +115,17 @@ def target_device(spec: str, device: str) -> str:
 
 def load_target(spec: str, engine: str = "auto", *, home=None, dtype: str | None = None, quiet: bool = False,
                 remote: RemoteOptions | None = None, device: str = "auto",
-                context: int | None = None) -> tuple[Target, torch.nn.Module | None, str]:
+                context: int | None = None, batch: int = 1) -> tuple[Target, torch.nn.Module | None, str]:
     """(target, its torch model or None, the engine that runs it).
 
     ``dtype`` None: float32 on the CPU, bfloat16 on a GPU. ``context``: positions of the GPU engine's
-    static cache per session (default ``static.DEFAULT_CONTEXT``)."""
+    static cache per session (default ``static.DEFAULT_CONTEXT``). ``batch`` > 1: a server's target
+    whose sessions (that many) share each forward, on the GPU engine only."""
     device = target_device(spec, device)
     engine = resolve_engine(spec, engine, dtype, device)
+    if batch > 1 and device != "cuda":
+        raise OmnidraftError("--batch pads every forward to --max-sessions x 16 rows, which a GPU does at little cost "
+                             "and a CPU does not: it runs on the GPU engine (--device cuda --engine torch)")
     dtype = dtype or ("bfloat16" if device == "cuda" else "float32")
     if engine == "remote":
         from omnidraft.rpc.client import RemoteTarget
@@ -141,7 +145,7 @@ def load_target(spec: str, engine: str = "auto", *, home=None, dtype: str | None
         return LlamaCppTarget(gguf, tokenizer), None, engine
     model, tokenizer = models.load(spec, home=home, dtype=dtype, progress=not quiet)
     fastlinear.keep_choices_at(models.models_dir(home) / "costs" / "kernels.json", cost_machine())
-    return torch_target(model, tokenizer, device, context or static.DEFAULT_CONTEXT), model, engine
+    return torch_target(model, tokenizer, device, context or static.DEFAULT_CONTEXT, batch), model, engine
 
 
 def make_drafter(drafter_model: torch.nn.Module, bridge: VocabBridge, target: Target, dtype: str = "float32") -> Drafter:

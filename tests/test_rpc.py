@@ -136,6 +136,7 @@ def test_concurrent_sessions_give_each_client_its_output_alone(server, local_tar
     assert [r.tokens for r in rows] == [12, 12, 36, 36]  # every client got all its tokens (3 > max_sessions)
     assert all(r.identical for r in rows if not r.drafting)  # plain decoding: one-token evals, no near-ties
     assert all(0 < r.round_trips <= r.tokens for r in rows)
+    assert all(r.server_forwards == r.round_trips and r.server_busy_s > 0 for r in rows)  # its own counters: no batching
     assert "| 3 | yes | 36 |" in markdown(rows, "meta")
 
 
@@ -412,7 +413,7 @@ def test_a_client_whose_calls_move_between_replicas_stays_exact(balanced, local_
     from omnidraft.rpc.client import RemoteTarget
 
     port, services = balanced
-    work = [s.forwards + s.verifies for s in services]
+    work = [s.batcher.forwards for s in services]
     client = RemoteTarget(f"grpc://127.0.0.1:{port}", token=TOKEN, home=tmp_path, protocol=protocol)
     through, alone = decoder_for(client, real_models), SpeculativeDecoder(local_target)
     config = DecodeConfig(**FORCED) if protocol == "verify" else DecodeConfig(max_new_tokens=16)
@@ -421,7 +422,7 @@ def test_a_client_whose_calls_move_between_replicas_stays_exact(balanced, local_
         expected = alone.generate(ids, config).token_ids
         for _ in range(2):  # the second time the session is known to one replica only
             assert through.generate(ids, config).token_ids == expected
-    assert all(s.forwards + s.verifies > w for s, w in zip(services, work))  # round robin reached both
+    assert all(s.batcher.forwards > w for s, w in zip(services, work))  # round robin reached both
     client.close()
 
 

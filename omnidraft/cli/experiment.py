@@ -75,6 +75,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                                                  "with and without drafting (--target grpc://HOST:PORT)")
     add_prompt_options(capacity, n=2)
     capacity.add_argument("--clients", default="1,2,4,8", help="client counts to run (default 1,2,4,8)")
+    capacity.add_argument("--drafting", choices=("both", "off", "on"), default="both",
+                          help="runs without drafting (the thin client), with it, or both (default)")
     add_model_options(capacity)
     add_decode_options(capacity, skip=("verify", "translate", "temperature", "use_ngram"))
     capacity.set_defaults(func=cmd_capacity)
@@ -249,8 +251,13 @@ def cmd_capacity(args: argparse.Namespace) -> int:
         return RemoteTarget(args.target, token=options.token, deadline_s=options.deadline_s, rtt_ms=options.rtt_ms)
 
     prompts = [encode_prompt(pipe.target_tokenizer, r.text, chat=r.chat) for r in records]
-    rows = run_capacity(pipe, connect, prompts, clients, decode_config(args, verify="greedy", temperature=0.0))
-    meta = (f"drafter `{args.drafter}` → target `{args.target}` ({pipe.decoder.target.engine} on the server), "
+    modes = {"both": (False, True), "off": (False,), "on": (True,)}[args.drafting]
+    rows = run_capacity(pipe, connect, prompts, clients, decode_config(args, verify="greedy", temperature=0.0), modes)
+    probe = connect()
+    info = probe.server_info()
+    probe.close()
+    meta = (f"drafter `{args.drafter}` → target `{args.target}` ({pipe.decoder.target.engine} on the server, "
+            f"{'batching ' + str(info.batch_sessions) + ' sessions per forward' if info.batch_sessions > 1 else 'one session per forward'}), "
             f"prompts `{args.prompts}` × {len(prompts)} per client, {args.max_new_tokens} new tokens, greedy, "
             f"injected round trip {args.rtt_ms:g} ms")
     text = markdown(rows, meta)

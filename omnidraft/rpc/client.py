@@ -172,6 +172,11 @@ class RemoteTarget:
         self.session_id = uuid.uuid4().hex
         self.reset()
 
+    def server_info(self):
+        """The server's ``Info`` now: its limits, and its counters (forwards, busy seconds, tokens
+        emitted) for measuring what a run cost it."""
+        return self._call(self.stub.Info, pb.InfoRequest())
+
     def close(self) -> None:
         self._forget_session()
         self.channel.close()

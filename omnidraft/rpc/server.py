@@ -16,6 +16,7 @@ calls in flight finish, new ones are refused.
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import hmac
 import io
@@ -78,17 +79,19 @@ class TargetService(services.TargetServicer):
     def __init__(self, target: Any, spec: str, engine: str, *, max_sessions: int = DEFAULT_MAX_SESSIONS,
                  max_context: int | None = None, max_draft: int = DEFAULT_MAX_DRAFT, model_sha256: str = "") -> None:
         self.base, self.spec, self.engine = target, spec, engine
-        self.max_sessions, self.max_draft = max_sessions, max_draft
+        self.compute_lock = threading.Lock()  # one forward at a time: two would only share the cores
+        self.batcher = Batcher(target, self.compute_lock)
+        batching = self.batcher.sessions > 1
+        self.max_sessions = min(max_sessions, self.batcher.sessions) if batching else max_sessions  # a pool's slots
+        self.max_draft = max_draft
         self.max_context = min(max_context or target.max_context, target.max_context)
         self.model_sha256 = model_sha256
         self.sessions: OrderedDict[str, Session] = OrderedDict()
         self.table_lock = threading.Lock()
-        self.compute_lock = threading.Lock()  # one forward at a time: two would only share the cores
         self.tokenizer_zip = _zip_tokenizer(target.tokenizer)
         self.tokenizer_sha256 = hashlib.sha256(self.tokenizer_zip).hexdigest()
         self.mask_bytes = (target.vocab_size + 7) // 8
         self.verifies = 0
-        self.forwards = 0  # of Generate and Decode streams
         self.budget = ProposalBudget()
 
     # ---- RPCs
@@ -98,7 +101,9 @@ class TargetService(services.TargetServicer):
                             vocab_size=self.base.vocab_size, eos_ids=sorted(self.base.eos_ids),
                             max_context=self.max_context, max_draft=self.max_draft,
                             tokenizer_sha256=self.tokenizer_sha256, tokenizer_bytes=len(self.tokenizer_zip),
-                            rules=list(IDS_ONLY_RULES), max_logprobs=MAX_LOGPROBS)
+                            rules=list(IDS_ONLY_RULES), max_logprobs=MAX_LOGPROBS,
+                            batch_sessions=self.batcher.sessions, forwards=self.batcher.forwards,
+                            busy_s=self.batcher.busy_s, emitted=self.batcher.emitted)
 
     def Tokenizer(self, request, context):
         for start in range(0, len(self.tokenizer_zip), TOKENIZER_CHUNK):
@@ -134,11 +139,11 @@ class TargetService(services.TargetServicer):
             config = SimpleNamespace(verify=request.rule or "greedy", temperature=float(request.temperature),
                                      top_p=float(request.top_p) or 1.0, seed=int(request.seed))
             proposed = list(request.proposed)
-            with self.compute_lock:
-                logits = session.target.score(context_ids + proposed, len(proposed))
+            logits, _ = self.batcher.score(session.target, context_ids + proposed, len(proposed))
             proposal = Proposal(proposed) if proposed else None
             accepted, nxt = decide(logits, proposal, config, step_generator(config.seed, len(context_ids)))
             emitted = proposed[:accepted] + [nxt]
+            self.batcher.count(len(emitted))
             session.ids = context_ids + emitted
             reply = pb.VerifyReply(accepted=accepted, next_token=nxt, held=len(session.ids))
             if request.logprobs_k:
@@ -170,6 +175,7 @@ class TargetService(services.TargetServicer):
         session.ids, new = ids, 0
         plan, forwards = self.budget.session(), 0
         lookup = ServerLookup(self.budget, ids) if r.lookup else None
+        self.batcher.join()
         try:
             while new < r.max_new_tokens and context.is_active():
                 if drafts is not None and drafts.error:
@@ -180,13 +186,11 @@ class TargetService(services.TargetServicer):
                 if not proposed and lookup is not None and room > 0:  # no paying draft from the device
                     proposed = lookup.propose(min(k_max, room))
                     chooser = lookup.plan if proposed else plan
-                start = time.perf_counter()
-                with self.compute_lock:
-                    logits = session.target.score(ids + proposed, len(proposed))
-                    accepted, nxt = decide(logits, Proposal(proposed) if proposed else None, config,
-                                           step_generator(config.seed, len(ids)))
-                busy_ms = (time.perf_counter() - start) * 1000
-                chooser.learn(len(proposed), accepted, busy_ms / 1000, reads_prompt=not forwards)
+                logits, busy_s = self.batcher.score(session.target, ids + proposed, len(proposed))
+                accepted, nxt = decide(logits, Proposal(proposed) if proposed else None, config,
+                                       step_generator(config.seed, len(ids)))
+                busy_ms = busy_s * 1000
+                chooser.learn(len(proposed), accepted, busy_s, reads_prompt=not forwards)
                 rest = drafts is not None and plan.rest(k_max)
                 forwards += 1
                 emitted, done = cut(proposed[:accepted] + [nxt], self.base.eos_ids, r.max_new_tokens - new)
@@ -200,7 +204,7 @@ class TargetService(services.TargetServicer):
                     lookup.index.extend(emitted)
                 new += len(emitted)
                 session.last_used = time.monotonic()
-                self.forwards += 1
+                self.batcher.count(len(emitted))
                 if done:  # settle and free the session before the client reads the last message and moves on
                     self._settle(session, ids)
                     session.decoding = False
@@ -208,6 +212,7 @@ class TargetService(services.TargetServicer):
                 if done:
                     return
         finally:
+            self.batcher.leave()
             if session.decoding:  # the stream ended early (cancelled, aborted)
                 self._settle(session, ids)
             session.decoding = False
@@ -290,7 +295,7 @@ class TargetService(services.TargetServicer):
                         raise Refused(grpc.StatusCode.UNAVAILABLE,
                                       f"all {self.max_sessions} sessions are decoding; try again shortly")
                     del self.sessions[idle]
-                session = self.sessions[r.session_id] = Session(self.base.session())
+                session = self.sessions[r.session_id] = Session(self._new_engine_session())
             elif r.prefix_len > len(session.ids):
                 raise Refused(grpc.StatusCode.FAILED_PRECONDITION,
                               f"prefix mismatch: the session holds {len(session.ids)} tokens, not {r.prefix_len}")
@@ -300,6 +305,18 @@ class TargetService(services.TargetServicer):
             self.sessions.move_to_end(r.session_id)
             session.last_used = now
             return session
+
+    def _new_engine_session(self) -> Any:
+        """A KV cache of its own. A batching engine has a fixed number of slots; an evicted session's
+        slot comes back when its last reference goes (a handler may still hold it for a moment)."""
+        try:
+            return self.base.session()
+        except RuntimeError:
+            gc.collect()
+            try:
+                return self.base.session()
+            except RuntimeError:
+                raise Refused(grpc.StatusCode.UNAVAILABLE, "every session slot is in use; try again shortly") from None
 
     def _columns(self, session: Session, r) -> torch.Tensor | None:
         if not r.logprobs_k:
@@ -313,6 +330,92 @@ class TargetService(services.TargetServicer):
         if r.logprobs_k > len(session.columns):
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "logprobs_k exceeds the number of columns")
         return session.columns
+
+
+class _Job:
+    """One session's forward, waiting to be run alone or with others."""
+
+    def __init__(self, target: Any, ids: list[int], num_proposed: int) -> None:
+        self.target, self.ids, self.num_proposed = target, ids, num_proposed
+        self.logits: torch.Tensor | None = None
+        self.seconds = 0.0  # the forward's time (a shared forward's whole time)
+        self.error: BaseException | None = None
+
+
+class Batcher:
+    """Runs the sessions' forwards, one at a time on the engine. Where the engine can serve several
+    sessions in one forward (``batch_sessions`` > 1: the static engine's session pool), the forward
+    takes every session that has work: whoever holds the engine next takes all jobs queued meanwhile
+    (leader and followers, no thread of its own), after waiting up to ``GATHER_S`` for each running
+    stream to queue its next job, so that streams which all just got their tokens go together rather
+    than one forward each. Keeps the server's counters: forwards, busy seconds, emitted tokens."""
+
+    GATHER_S = 0.002  # a stream turns its logits into the next job in well under this
+
+    def __init__(self, target: Any, compute_lock: threading.Lock) -> None:
+        self.target, self.compute_lock = target, compute_lock
+        self.sessions = int(getattr(target, "batch_sessions", 1))
+        self.cond = threading.Condition()
+        self.queue: list[_Job] = []
+        self.streams = 0  # Generate and Decode loops running
+        self.forwards, self.busy_s, self.emitted = 0, 0.0, 0
+
+    def join(self) -> None:
+        with self.cond:
+            self.streams += 1
+
+    def leave(self) -> None:
+        with self.cond:
+            self.streams -= 1
+            self.cond.notify_all()
+
+    def count(self, emitted: int) -> None:
+        with self.cond:
+            self.emitted += emitted
+
+    def score(self, target: Any, ids: list[int], num_proposed: int) -> tuple[torch.Tensor, float]:
+        """``target.score(ids, num_proposed)``, possibly in a forward shared with other sessions; and
+        that forward's seconds."""
+        job = _Job(target, ids, num_proposed)
+        with self.cond:
+            self.queue.append(job)
+            self.cond.notify_all()
+        with self.compute_lock:
+            if job.logits is None and job.error is None:  # nobody ran it meanwhile: lead a forward
+                self._run(self._gather())
+        if job.error is not None:
+            raise job.error
+        return job.logits, job.seconds
+
+    def _gather(self) -> list[_Job]:
+        with self.cond:
+            if self.sessions > 1:
+                self.cond.wait_for(lambda: len(self.queue) >= min(self.streams, self.sessions), timeout=self.GATHER_S)
+            jobs, self.queue = self.queue[: self.sessions], self.queue[self.sessions:]
+            return jobs
+
+    def _run(self, jobs: list[_Job]) -> None:
+        if self.sessions > 1:
+            self._timed(jobs, lambda: self.target.score_many([(j.target, j.ids, j.num_proposed) for j in jobs]))
+        else:
+            for j in jobs:
+                self._timed([j], lambda: [j.target.score(j.ids, j.num_proposed)])
+
+    def _timed(self, jobs: list[_Job], forward) -> None:
+        """One forward for ``jobs``; its logits, its time, or its failure go to each of them."""
+        start = time.perf_counter()
+        try:
+            results = forward()
+        except Exception as exc:  # noqa: BLE001 - every stream in the forward gets the failure; the server goes on
+            for j in jobs:
+                j.error = exc
+            return
+        seconds = time.perf_counter() - start
+        for j, logits in zip(jobs, results):
+            j.logits, j.seconds = logits, seconds
+        with self.cond:
+            self.forwards += 1
+            self.busy_s += seconds
 
 
 class ProposalBudget:

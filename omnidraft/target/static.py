@@ -28,6 +28,8 @@ without graphs (the tests use it there).
 
 from __future__ import annotations
 
+import threading
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -141,70 +143,84 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
 
 
-def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    """Grouped-query attention over every cache slot: q [rows, heads, dim], keys and values
-    [kv heads, slots, dim], bias [group * rows, slots] (0 or -inf) → [rows, heads * dim].
+def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor, sessions: int = 1) -> torch.Tensor:
+    """Grouped-query attention of ``sessions`` sessions, each over every slot of its own cache:
+    q [sessions * rows, heads, dim] (a session's rows together), keys and values
+    [sessions * kv heads, slots, dim], bias [sessions * kv heads, group * rows, slots] (0 or -inf)
+    → [sessions * rows, heads * dim].
 
     Written out as two batched GEMMs rather than ``scaled_dot_product_attention``: with an explicit
     mask and a few query rows the fused kernels either refuse grouped heads or pick a kernel that
     costs ~25x a one-row step's (cuDNN, measured on an H100), and these GEMMs keep each row's
     arithmetic independent of the others'. Scores and softmax in float32."""
-    rows, heads, dim = q.shape
-    kv_heads = keys.shape[0]
-    group = heads // kv_heads
-    qg = q.transpose(0, 1).reshape(kv_heads, group * rows, dim).float()  # head h = kv head h // group
+    total, heads, dim = q.shape
+    rows = total // sessions
+    # head h of a session reads kv head h // group: [sessions, rows, heads, dim] -> [sessions * kv heads, group * rows, dim]
+    qg = q.view(sessions, rows, heads, dim).transpose(1, 2).reshape(keys.shape[0], bias.shape[1], dim).float()
     scores = torch.baddbmm(bias, qg, keys.float().transpose(1, 2), alpha=dim ** -0.5)
-    out = torch.bmm(scores.softmax(-1).to(values.dtype), values)  # [kv heads, group * rows, dim]
-    return out.view(heads, rows, dim).transpose(0, 1).reshape(rows, heads * dim)
+    out = torch.bmm(scores.softmax(-1).to(values.dtype), values)  # [sessions * kv heads, group * rows, dim]
+    return out.view(sessions, heads, rows, dim).transpose(1, 2).reshape(total, heads * dim)
 
 
 def forward(w: Weights, cache_k: torch.Tensor, cache_v: torch.Tensor, tokens: torch.Tensor,
             positions: torch.Tensor, cos_table: torch.Tensor, sin_table: torch.Tensor) -> torch.Tensor:
     """Logits [rows, vocab] for ``tokens`` at ``positions``, writing their keys and values into the
-    cache ([layers, kv heads, slots, dim]) first. Shapes and addresses never change between calls
-    of one class, so the whole function can be captured in a CUDA graph."""
-    rows = tokens.shape[0]
-    slots = cache_k.shape[2]
-    visible = torch.arange(slots, device=tokens.device)[None, :] <= positions[:, None]  # [rows, slots]
+    caches first. The caches are [layers, sessions, kv heads, slots, dim]; the rows are the sessions'
+    in turn, the same number each (row r belongs to session r // (rows / sessions)). Shapes and
+    addresses never change between calls of one class, so the whole function can be captured in a
+    CUDA graph."""
+    total = tokens.shape[0]
+    _, sessions, kv_heads, slots, dim = cache_k.shape
+    rows, group = total // sessions, w.n_heads // w.n_kv_heads
+    visible = torch.arange(slots, device=tokens.device)[None, :] <= positions[:, None]  # [total, slots]
     bias = torch.zeros(visible.shape, dtype=torch.float32, device=tokens.device).masked_fill_(~visible, float("-inf"))
-    bias = bias.repeat(w.n_heads // w.n_kv_heads, 1)  # one copy per query head of a group
+    bias = (bias.view(sessions, 1, 1, rows, slots).expand(sessions, kv_heads, group, rows, slots)
+            .reshape(sessions * kv_heads, group * rows, slots))  # one copy per query head of a group
+    # where each row's key and value go in a layer's cache seen as [sessions * kv heads * slots, dim]
+    session_of_row = torch.arange(total, device=tokens.device) // rows
+    write_at = ((session_of_row[:, None] * kv_heads + torch.arange(kv_heads, device=tokens.device)[None, :]) * slots
+                + positions[:, None]).flatten()
     cos, sin = cos_table[positions][:, None], sin_table[positions][:, None]
     x = w.embed[tokens]
     q_width, kv_width = w.n_heads * w.head_dim, w.n_kv_heads * w.head_dim
     for i, layer in enumerate(w.layers):
         qkv = F.linear(rms_norm(x, layer.attn_norm, w.eps), layer.wqkv, layer.bqkv)
-        qk = rotate(qkv[:, : q_width + kv_width].view(rows, w.n_heads + w.n_kv_heads, w.head_dim), cos, sin)
+        qk = rotate(qkv[:, : q_width + kv_width].view(total, w.n_heads + w.n_kv_heads, w.head_dim), cos, sin)
         q, k = qk[:, : w.n_heads], qk[:, w.n_heads:]
-        cache_k[i].index_copy_(1, positions, k.transpose(0, 1))
-        cache_v[i].index_copy_(1, positions, qkv[:, q_width + kv_width:].view(rows, w.n_kv_heads, w.head_dim).transpose(0, 1))
-        x = x + F.linear(attend(q, cache_k[i], cache_v[i], bias), layer.wo)
+        keys, values = cache_k[i].view(-1, dim), cache_v[i].view(-1, dim)
+        keys.index_copy_(0, write_at, k.reshape(-1, dim))
+        values.index_copy_(0, write_at, qkv[:, q_width + kv_width:].reshape(-1, dim))
+        attended = attend(q, keys.view(-1, slots, dim), values.view(-1, slots, dim), bias, sessions)
+        x = x + F.linear(attended, layer.wo)
         gate, up = F.linear(rms_norm(x, layer.mlp_norm, w.eps), layer.w_gate_up).chunk(2, dim=-1)
         x = x + F.linear(F.silu(gate) * up, layer.w_down)
     return F.linear(rms_norm(x, w.norm, w.eps), w.head)
 
 
 class _Runner:
-    """One class's forward: static input buffers, and on a GPU the captured graph."""
+    """One class's forward over a set of caches (one session's, or a pool's): static input buffers,
+    and on a GPU the captured graph. Row r belongs to the caches' session r // ``per_session``."""
 
-    def __init__(self, lm: StaticLM, rows: int) -> None:
-        device = lm.weights.device
-        self.rows = rows
-        self.tokens = torch.zeros(rows, dtype=torch.long, device=device)
-        self.positions = torch.full((rows,), lm.spare, dtype=torch.long, device=device)
-        self._lm = lm
+    def __init__(self, weights: Weights, caches: tuple[torch.Tensor, torch.Tensor], tables: tuple[torch.Tensor, torch.Tensor],
+                 per_session: int, spare: int, graphs: bool) -> None:
+        self.weights, (self.cache_k, self.cache_v), (self.cos, self.sin) = weights, caches, tables
+        self.per_session, self.spare = per_session, spare
+        self.sessions = self.cache_k.shape[1]
+        rows = per_session * self.sessions
+        self.tokens = torch.zeros(rows, dtype=torch.long, device=weights.device)
+        self.positions = torch.full((rows,), spare, dtype=torch.long, device=weights.device)
         self.graph: torch.cuda.CUDAGraph | None = None
         self.out: torch.Tensor | None = None
-        if lm.graphs:
+        if graphs:
             self._capture()
 
     def _call(self) -> torch.Tensor:
-        lm = self._lm
-        return forward(lm.weights, lm.cache_k, lm.cache_v, self.tokens, self.positions, lm.cos, lm.sin)
+        return forward(self.weights, self.cache_k, self.cache_v, self.tokens, self.positions, self.cos, self.sin)
 
     def _capture(self) -> None:
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):  # warm-up runs (cuBLAS workspaces, lazy inits) write the spare slot only
+        with torch.cuda.stream(stream):  # warm-up runs (cuBLAS workspaces, lazy inits) write the spare slots only
             for _ in range(2):
                 self._call()
         torch.cuda.current_stream().wait_stream(stream)
@@ -212,28 +228,50 @@ class _Runner:
         with torch.cuda.graph(self.graph):
             self.out = self._call()
 
-    def run(self, tokens: Sequence[int], start: int) -> torch.Tensor:
-        """Logits of ``tokens`` (at most ``rows``) read at positions ``start``..., padded to the class."""
-        n, pad = len(tokens), self.rows - len(tokens)
-        self.tokens.copy_(torch.tensor(list(tokens) + [0] * pad, dtype=torch.long))
-        self.positions.copy_(torch.tensor(list(range(start, start + n)) + [self._lm.spare] * pad, dtype=torch.long))
+    def run_many(self, reads: dict[int, tuple[Sequence[int], int]]) -> dict[int, torch.Tensor]:
+        """One forward: for each session index s in ``reads``, its tokens (at most ``per_session``)
+        read at positions start, start + 1, …; every other row is padding. Each session's logits rows."""
+        per = self.per_session
+        tokens = [0] * (per * self.sessions)
+        positions = [self.spare] * (per * self.sessions)
+        for s, (chunk, start) in reads.items():
+            tokens[s * per: s * per + len(chunk)] = chunk
+            positions[s * per: s * per + len(chunk)] = range(start, start + len(chunk))
+        self.tokens.copy_(torch.tensor(tokens, dtype=torch.long))
+        self.positions.copy_(torch.tensor(positions, dtype=torch.long))
         if self.graph is None:
-            return self._call()[:n]
-        self.graph.replay()
-        return self.out[:n]
+            out = self._call()
+        else:
+            self.graph.replay()
+            out = self.out
+        return {s: out[s * per: s * per + len(chunk)] for s, (chunk, _) in reads.items()}
+
+    def run(self, tokens: Sequence[int], start: int) -> torch.Tensor:
+        """Logits of one session's ``tokens`` read at positions ``start``..., padded to the class."""
+        return self.run_many({0: (tokens, start)})[0]
 
 
-class StaticLM:
-    """Weights + a static KV cache + the token ids it holds; the same contract as ``kv.CachedLM``
-    (``logits_for``, ``reset``, ``crop``), reading every forward in one of the two classes."""
+class SessionPool:
+    """The static KV caches of up to ``sessions`` sessions in one tensor pair
+    ([layers, sessions, kv heads, slots, dim]), so that one forward can serve all of them: a server's
+    batching. Its decode class has ``sessions`` × ``DECODE_ROWS`` rows, DECODE_ROWS per session (padding
+    where a session has less work or none). Every decode read of a pooled session runs in that one
+    class, alone or together with others, so its bits never depend on who else was served: a client's
+    output is the same whether it was alone on the server or one of many. A pool of one session is
+    what a lone engine uses (its decode class: DECODE_ROWS rows).
 
-    def __init__(self, weights: Weights, max_context: int = DEFAULT_CONTEXT, graphs: bool | None = None) -> None:
-        self.weights = weights
-        self.max_context = min(max_context, weights.max_positions)
+    Prompt reads (the prefill class) stay per session: each is its own forward over its slot."""
+
+    def __init__(self, weights: Weights, sessions: int = 1, max_context: int = DEFAULT_CONTEXT,
+                 graphs: bool | None = None) -> None:
+        if sessions < 1:
+            raise ValueError(f"a pool holds at least one session, not {sessions}")
+        w = weights
+        self.weights, self.sessions = w, sessions
+        self.max_context = min(max_context, w.max_positions)
         self.spare = self.max_context  # the padding rows' slot: beyond every real position
         slots = -(-(self.max_context + 1) // 64) * 64  # a multiple of 64: odd GEMM strides take slow kernels
-        w = weights
-        shape = (len(w.layers), w.n_kv_heads, slots, w.head_dim)
+        shape = (len(w.layers), sessions, w.n_kv_heads, slots, w.head_dim)
         self.cache_k = torch.zeros(shape, dtype=w.embed.dtype, device=w.device)
         self.cache_v = torch.zeros_like(self.cache_k)
         angles = torch.arange(slots, device=w.device, dtype=torch.float32)[:, None] * w.inv_freq[None, :]
@@ -241,12 +279,73 @@ class StaticLM:
         self.cos = (angles.cos() * w.rope_scale).to(w.embed.dtype)
         self.sin = (angles.sin() * w.rope_scale).to(w.embed.dtype)
         self.graphs = w.device.type == "cuda" if graphs is None else graphs
-        self._runners: dict[int, _Runner] = {}
         self.vocab_size = w.vocab_size
-        self.cached_ids: list[int] = []
+        self._free = list(range(sessions))
+        self._lock = threading.Lock()
+        self._decode: _Runner | None = None
 
     def session(self) -> StaticLM:
-        """Another cache (and graphs) over the same weights."""
+        """A session on a free slot of this pool (its slot comes back when it is garbage)."""
+        return StaticLM(self.weights, self.max_context, self.graphs, pool=self)
+
+    def take(self) -> int:
+        with self._lock:
+            if not self._free:
+                raise RuntimeError(f"all {self.sessions} sessions of the pool are in use")
+            return self._free.pop(0)
+
+    def give_back(self, slot: int) -> None:
+        with self._lock:
+            self._free.append(slot)
+
+    def runner(self, slot: int | None, per_session: int) -> _Runner:
+        """A forward class over one slot's caches (``slot``) or over every slot's (None)."""
+        caches = (self.cache_k, self.cache_v) if slot is None else \
+            (self.cache_k[:, slot: slot + 1], self.cache_v[:, slot: slot + 1])
+        return _Runner(self.weights, caches, (self.cos, self.sin), per_session, self.spare, self.graphs)
+
+    def read_decode(self, reads: Sequence[tuple[StaticLM, Sequence[int]]]) -> list[torch.Tensor]:
+        """Each session's ``tokens`` read after what it holds, every session's in the same forwards of
+        the decode class (one per DECODE_ROWS tokens of the longest); their logits rows (model dtype)."""
+        if self._decode is None:
+            self._decode = self.runner(None, DECODE_ROWS)
+        out: list[list[torch.Tensor]] = [[] for _ in reads]
+        for offset in range(0, max(len(tokens) for _, tokens in reads), DECODE_ROWS):
+            chunks = {lm.slot: (list(tokens[offset: offset + DECODE_ROWS]), len(lm.cached_ids))
+                      for lm, tokens in reads if len(tokens) > offset}
+            rows = self._decode.run_many(chunks)
+            for i, (lm, _) in enumerate(reads):
+                if lm.slot in rows:
+                    out[i].append(rows[lm.slot].clone())
+                    lm.cached_ids.extend(chunks[lm.slot][0])
+        return [torch.cat(rows) for rows in out]
+
+    def warm_up(self, max_rows: int) -> None:
+        """Capture the shared decode graph now rather than in a request's first forward."""
+        if self._decode is None:
+            self._decode = self.runner(None, DECODE_ROWS)
+
+
+class StaticLM:
+    """One session of the engine: its slot of a :class:`SessionPool` and the token ids it holds; the
+    same contract as ``kv.CachedLM`` (``logits_for``, ``reset``, ``crop``), reading every forward in
+    one of the two classes. Without a pool it gets a pool of its own (one session)."""
+
+    def __init__(self, weights: Weights, max_context: int = DEFAULT_CONTEXT, graphs: bool | None = None,
+                 *, pool: SessionPool | None = None) -> None:
+        self.pool = pool if pool is not None else SessionPool(weights, 1, max_context, graphs)
+        self.slot = self.pool.take()
+        weakref.finalize(self, self.pool.give_back, self.slot)
+        self.weights, self.max_context, self.graphs = weights, self.pool.max_context, self.pool.graphs
+        self.vocab_size = self.pool.vocab_size
+        self.cached_ids: list[int] = []
+        self._prefill: _Runner | None = None
+
+    def session(self) -> StaticLM:
+        """Another session over the same weights: on the same pool when it is shared (batching),
+        else with a cache of its own."""
+        if self.pool.sessions > 1:
+            return self.pool.session()
         return StaticLM(self.weights, self.max_context, self.graphs)
 
     def reset(self) -> None:
@@ -255,24 +354,19 @@ class StaticLM:
     def crop(self, length: int) -> None:
         del self.cached_ids[length:]
 
-    def _runner(self, rows: int) -> _Runner:
-        if rows not in self._runners:
-            self._runners[rows] = _Runner(self, rows)
-        return self._runners[rows]
-
-    def _read(self, tokens: Sequence[int], rows: int) -> torch.Tensor:
-        """Read ``tokens`` after the cached ones in forwards of ``rows`` rows; their logits (model dtype)."""
-        runner, out = self._runner(rows), []
-        for i in range(0, len(tokens), rows):
-            chunk = list(tokens[i:i + rows])
-            out.append(runner.run(chunk, len(self.cached_ids)).clone())
+    def _read_prompt(self, tokens: Sequence[int]) -> torch.Tensor:
+        """Read ``tokens`` after the cached ones in forwards of the prefill class; the last row."""
+        if self._prefill is None:
+            self._prefill = self.pool.runner(self.slot, PREFILL_ROWS)
+        for i in range(0, len(tokens), PREFILL_ROWS):
+            chunk = list(tokens[i:i + PREFILL_ROWS])
+            last = self._prefill.run(chunk, len(self.cached_ids))[-1:].clone()
             self.cached_ids.extend(chunk)
-        return torch.cat(out)
+        return last
 
-    @torch.inference_mode()
-    def logits_for(self, ids: Sequence[int], keep: int = 1) -> torch.Tensor:
-        """Logits (float32, CPU, [keep, vocab]) predicting the token after each of the last ``keep``
-        ids, the last ``keep - 1`` of which are proposals.
+    def _begin(self, ids: Sequence[int], keep: int) -> tuple[torch.Tensor | None, list[int]]:
+        """Crop to what ``ids`` share with the cache and read their unread context if it is a prompt:
+        (its last logits row or None, the tokens left for the decode class).
 
         Unread context of two or more tokens is a prompt: it is read in the prefill class, as the
         engine decoding alone reads it, and the proposals after it in the decode class. A single
@@ -285,13 +379,35 @@ class StaticLM:
         new = list(ids[len(self.cached_ids):])
         context = len(new) - (keep - 1)
         if context >= 2:
-            last = self._read(new[:context], PREFILL_ROWS)[-1:]
-            rows = torch.cat([last, self._read(new[context:], DECODE_ROWS)]) if keep > 1 else last
-        else:
-            rows = self._read(new, DECODE_ROWS)
-        return rows[-keep:].float().cpu()
+            return self._read_prompt(new[:context]), new[context:]
+        return None, new
+
+    @torch.inference_mode()
+    def logits_for(self, ids: Sequence[int], keep: int = 1) -> torch.Tensor:
+        """Logits (float32, CPU, [keep, vocab]) predicting the token after each of the last ``keep``
+        ids, the last ``keep - 1`` of which are proposals."""
+        return logits_together([(self, ids, keep)])[0]
 
     def warm_up(self, max_rows: int) -> None:
         """Capture both classes' graphs now rather than in a request's first forwards."""
-        self._runner(DECODE_ROWS)
-        self._runner(PREFILL_ROWS)
+        self.pool.warm_up(max_rows)
+        if self._prefill is None:
+            self._prefill = self.pool.runner(self.slot, PREFILL_ROWS)
+
+
+@torch.inference_mode()
+def logits_together(requests: Sequence[tuple[StaticLM, Sequence[int], int]]) -> list[torch.Tensor]:
+    """``logits_for`` of several sessions of one pool, (session, ids, keep) each: every prompt read
+    on its own, then every session's decode-class tokens in the same forwards."""
+    pools = {id(lm.pool) for lm, _, _ in requests}
+    if len(pools) != 1 or len({lm.slot for lm, _, _ in requests}) != len(requests):
+        raise ValueError("logits_together reads distinct sessions of one pool")
+    begun = [lm._begin(ids, keep) for lm, ids, keep in requests]
+    decoding = [(i, lm) for i, (lm, _, _) in enumerate(requests) if begun[i][1]]
+    decoded = dict(zip((i for i, _ in decoding),
+                       requests[0][0].pool.read_decode([(lm, begun[i][1]) for i, lm in decoding]) if decoding else []))
+    out = []
+    for i, (_, _, keep) in enumerate(requests):
+        rows = [r for r in (begun[i][0], decoded.get(i)) if r is not None]
+        out.append(torch.cat(rows)[-keep:].float().cpu())
+    return out

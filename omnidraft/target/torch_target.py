@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import torch
 
 from omnidraft.console import warn
+from omnidraft.errors import OmnidraftError
 from omnidraft.kv import CachedLM, max_positions_of
 from omnidraft.target import static
 from omnidraft.target.base import eos_ids_of
@@ -14,9 +15,13 @@ from omnidraft.target.base import eos_ids_of
 
 class TorchTarget:
     """:class:`~omnidraft.target.base.Target` over a torch model with a KV cache: the eager engine
-    (``kv.CachedLM``), or the static-shape engine with CUDA graphs on a GPU (``static.StaticLM``)."""
+    (``kv.CachedLM``), or the static-shape engine with CUDA graphs on a GPU (``static.StaticLM``).
 
-    def __init__(self, model: torch.nn.Module, tokenizer, lm: CachedLM | static.StaticLM | None = None) -> None:
+    A server that batches holds a target over a ``static.SessionPool``: it is no session itself, only
+    the maker of sessions (``session``) whose forwards can be shared (``score_many``)."""
+
+    def __init__(self, model: torch.nn.Module, tokenizer,
+                 lm: CachedLM | static.StaticLM | static.SessionPool | None = None) -> None:
         self.lm = lm if lm is not None else CachedLM(model)
         self.model = model
         self.tokenizer = tokenizer
@@ -26,6 +31,18 @@ class TorchTarget:
 
     def score(self, ids: Sequence[int], num_proposed: int) -> torch.Tensor:
         return self.lm.logits_for(ids, keep=num_proposed + 1)
+
+    @property
+    def batch_sessions(self) -> int:
+        """How many sessions one forward can serve (``score_many``): the pool's size, else 1."""
+        return self.lm.sessions if isinstance(self.lm, static.SessionPool) else 1
+
+    def score_many(self, requests: Sequence[tuple[TorchTarget, Sequence[int], int]]) -> list[torch.Tensor]:
+        """``score`` of several of this target's sessions, (session, ids, num_proposed) each: on a
+        session pool in shared forwards, else one after another."""
+        if self.batch_sessions > 1:
+            return static.logits_together([(t.lm, ids, k + 1) for t, ids, k in requests])
+        return [t.score(ids, k) for t, ids, k in requests]
 
     def session(self) -> TorchTarget:
         """Another target over the same weights with a KV cache of its own (the gRPC server's sessions)."""
@@ -45,9 +62,17 @@ class TorchTarget:
 
 
 def torch_target(model: torch.nn.Module, tokenizer, device: str = "cpu",
-                 context: int = static.DEFAULT_CONTEXT) -> TorchTarget:
+                 context: int = static.DEFAULT_CONTEXT, batch: int = 1) -> TorchTarget:
     """The target on ``device``: on a GPU the static engine when the architecture allows it (else the
-    eager model moved there), on the CPU the eager engine with its measured kernels."""
+    eager model moved there), on the CPU the eager engine with its measured kernels. ``batch`` > 1:
+    a server's target whose sessions (at most ``batch``) share every decode forward (static engine;
+    on the CPU too, where its padded rows make it slow: for tests)."""
+    if batch > 1:
+        reason = static.unsupported_reason(model)
+        if reason is not None:
+            raise OmnidraftError(f"batching runs on the static engine, which cannot run this model: {reason}")
+        weights = static.extract(model, device, next(model.parameters()).dtype)
+        return TorchTarget(model, tokenizer, static.SessionPool(weights, batch, context))
     if device != "cuda":
         return TorchTarget(model, tokenizer)
     reason = static.unsupported_reason(model)
