@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The batching rows of docs/remote.md: N thin clients (server-stream, no drafting) against
+# `serve --device cuda` on the real Qwen2.5-Coder-0.5B GGUF, one session per forward and then
+# `--batch` (every forward serves all sessions with work), from other CPU cores of the same machine.
+#   MODELS=folder with qwen.gguf   OUT=where logs and results go
+#   DEVICE=cuda|cpu (cpu: a dry run without --batch)   CLIENTS=1,2,4,8   N=2   TOKENS=64
+set -uo pipefail
+MODELS=${MODELS:?} OUT=${OUT:?} DEVICE=${DEVICE:-cuda} CLIENTS=${CLIENTS:-1,2,4,8} N=${N:-2} TOKENS=${TOKENS:-64}
+PORT=${PORT:-50581} SERVER_CORES=${SERVER_CORES:-0-7} CLIENT_CORES=${CLIENT_CORES:-8-15} MODES=${MODES:-"one batch"}
+export OMNIDRAFT_HOME=${OMNIDRAFT_HOME:-/tmp/omnidraft-home} PYTHONUNBUFFERED=1
+mkdir -p "$OUT"
+for mode in $MODES; do
+    flags=()
+    [ "$mode" = batch ] && flags=(--batch)
+    taskset -c "$SERVER_CORES" python3 -m omnidraft serve --target "$MODELS/qwen.gguf" --device "$DEVICE" --engine torch \
+        --port "$PORT" --max-sessions 8 "${flags[@]}" >"$OUT/serve-$mode.log" 2>&1 &
+    server=$!
+    for _ in $(seq 600); do
+        grep -q "serving " "$OUT/serve-$mode.log" && break
+        kill -0 $server 2>/dev/null || { echo "serve ($mode) died:"; cat "$OUT/serve-$mode.log"; exit 1; }
+        sleep 0.5
+    done
+    echo "== $mode"
+    taskset -c "$CLIENT_CORES" python3 -m omnidraft experiment capacity --target "grpc://127.0.0.1:$PORT" --drafter none \
+        --drafting off --prompts humaneval --n "$N" --max-new-tokens "$TOKENS" --clients "$CLIENTS" \
+        --out "$OUT/capacity-$mode" 2>"$OUT/capacity-$mode.log" | tail -8
+    kill $server; wait $server 2>/dev/null
+done
