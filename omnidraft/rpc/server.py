@@ -381,7 +381,7 @@ class Batcher:
             self.queue.append(job)
             self.cond.notify_all()
         with self.compute_lock:
-            if job.logits is None and job.error is None:  # nobody ran it meanwhile: lead a forward
+            while job.logits is None and job.error is None:  # not run meanwhile: lead forwards, oldest jobs first
                 self._run(self._gather())
         if job.error is not None:
             raise job.error
