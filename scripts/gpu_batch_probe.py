@@ -27,6 +27,7 @@ def probe(name: str, sessions: list[int], n: int, device: str, context: int) -> 
     del model
     ids = torch.randint(0, config.vocab_size, (CONTEXT + 64,), generator=torch.Generator().manual_seed(0)).tolist()
     out: dict = {"model": name, "context": context}
+    first: torch.Tensor | None = None  # the first class's logits of a verify of 4, to compare across classes
     for s in sessions:
         pool = static.SessionPool(weights, s, context)
         lms = [pool.session() for _ in range(s)]
@@ -48,6 +49,8 @@ def probe(name: str, sessions: list[int], n: int, device: str, context: int) -> 
         lms[-1].crop(CONTEXT)
         alone = lms[-1].logits_for(ids[:CONTEXT + 5], 5)
         out[f"S{s}_alone_equals_together"] = bool(torch.equal(alone, together[-1]))
+        first = alone if first is None else first
+        out[f"S{s}_equals_S{sessions[0]}"] = bool(torch.equal(alone, first))  # the same rows in another class
         print(json.dumps(out), flush=True)
         del lms, pool
         if device == "cuda":
