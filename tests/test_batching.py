@@ -121,3 +121,41 @@ def test_concurrent_streams_share_forwards_and_each_output_is_its_own_alone(tmp_
             d.target.close()
     finally:
         served.drain(grace=1)
+
+
+class _Slow:
+    """An engine session whose forward takes a while and whose logits name the ids it read."""
+
+    def score(self, ids, num_proposed):
+        threading.Event().wait(0.01)
+        return torch.tensor([[float(sum(ids))]])
+
+
+@pytest.mark.parametrize("sessions", [1, 3])
+def test_every_stream_gets_its_own_forward_when_many_wait(sessions):
+    from omnidraft.rpc.server import Batcher
+
+    class Engine:
+        batch_sessions = sessions
+
+        def score_many(self, requests):
+            threading.Event().wait(0.01)
+            return [t.score(ids, k) for t, ids, k in requests]
+
+    batcher = Batcher(Engine(), threading.Lock())
+    got: dict[int, list[float]] = {}
+
+    def stream(i: int) -> None:
+        batcher.join()
+        try:
+            got[i] = [float(batcher.score(_Slow(), [i, step], 0)[0][0, 0]) for step in range(6)]
+        finally:
+            batcher.leave()
+
+    threads = [threading.Thread(target=stream, args=(i,)) for i in range(5)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert got == {i: [float(i + step) for step in range(6)] for i in range(5)}
+    assert batcher.forwards < 30 if sessions > 1 else batcher.forwards == 30  # shared forwards only where it batches
