@@ -10,8 +10,9 @@ an unknown or evicted session, or a client that believes the session holds more 
 gets FAILED_PRECONDITION and resends its whole context, so any replica can serve any call. The
 table is LRU-bounded (``max_sessions``) with an idle timeout. Every request is validated before
 any model work (sizes: RESOURCE_EXHAUSTED; ids, rules, numbers: INVALID_ARGUMENT), one forward
-runs at a time (the CPU has no more to give), and a SIGTERM drains: health goes NOT_SERVING,
-calls in flight finish, new ones are refused.
+runs at a time (the CPU has no more to give; an engine with a session pool serves every session
+that has work in it: :class:`Batcher`), and a SIGTERM drains: health goes NOT_SERVING, calls in
+flight finish, new ones are refused.
 """
 
 from __future__ import annotations
