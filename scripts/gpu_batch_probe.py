@@ -1,8 +1,8 @@
-"""What a batching server's forward costs on the GPU engine (``serve --batch``): one forward of a
-``SessionPool`` of S sessions, every session doing a plain step or a verify of 4, against one
-session's plain step in a pool of one. Random Qwen2.5-shaped weights (a step's cost does not depend
-on their values), 512 tokens in every session's cache. Also checks that a session's logits are the
-same bits alone as together with the others. docs/remote.md reports it.
+"""What a batching server's forward costs on the GPU engine (``serve --batch``): one forward of S
+sessions of a ``SessionPool``, every session doing a plain step or a verify of 4, in the classes the
+pool's check allowed and with every forward the full class. Random Qwen2.5-shaped weights (a step's
+cost does not depend on their values), 512 tokens in every session's cache. Also checks that session
+0's logits are the same bits whoever else was in its forward. docs/remote.md reports it.
 
     python scripts/gpu_batch_probe.py --models qwen2.5-0.5b,qwen2.5-7b --sessions 1,2,4,8 --json out.json
 """
@@ -20,44 +20,50 @@ from omnidraft.target import static
 
 
 def probe(name: str, sessions: list[int], n: int, device: str, context: int) -> dict:
+    """One pool of max(sessions) slots, warmed up (its classes checked); for each s, the first s
+    sessions all step (or all verify 4) in one forward: with the checked classes, then with every
+    forward the full class."""
     config = Qwen2Config(**CONFIGS[name], max_position_embeddings=32768, tie_word_embeddings=False)
     with torch.device(device):
         model = Qwen2ForCausalLM._from_config(config, dtype=torch.bfloat16).eval()
     weights = static.extract(model, device, torch.bfloat16)
     del model
     ids = torch.randint(0, config.vocab_size, (CONTEXT + 64,), generator=torch.Generator().manual_seed(0)).tolist()
-    out: dict = {"model": name, "context": context}
-    first: torch.Tensor | None = None  # the first class's logits of a verify of 4, to compare across classes
-    for s in sessions:
-        pool = static.SessionPool(weights, s, context)
-        lms = [pool.session() for _ in range(s)]
-        for lm in lms:
-            lm.logits_for(ids[:CONTEXT], 1)
-        pool.warm_up(16)
+    pool = static.SessionPool(weights, max(sessions), context)
+    pool.warm_up(16)
+    checked = list(pool.classes)
+    out: dict = {"model": name, "context": context, "pool": max(sessions), "classes": checked}
+    lms = [pool.session() for _ in range(max(sessions))]
+    for lm in lms:
+        lm.logits_for(ids[:CONTEXT], 1)
 
-        def step(k: int):
-            def run():
-                for lm in lms:
-                    lm.crop(CONTEXT)
-                static.logits_together([(lm, ids[:CONTEXT + 1 + k], k + 1) for lm in lms])
-            return run
-        out[f"S{s}_step_ms"] = round(_ms(step(0), n), 3)
-        out[f"S{s}_verify4_ms"] = round(_ms(step(4), n), 3)
-        for lm in lms:
-            lm.crop(CONTEXT)
-        together = static.logits_together([(lm, ids[:CONTEXT + 5], 5) for lm in lms])
-        lms[-1].crop(CONTEXT)
-        alone = lms[-1].logits_for(ids[:CONTEXT + 5], 5)
-        out[f"S{s}_alone_equals_together"] = bool(torch.equal(alone, together[-1]))
-        first = alone if first is None else first
-        out[f"S{s}_equals_S{sessions[0]}"] = bool(torch.equal(alone, first))  # the same rows in another class
+    def step(active: list, k: int):
+        def run():
+            for lm in active:
+                lm.crop(CONTEXT)
+            static.logits_together([(lm, ids[:CONTEXT + 1 + k], k + 1) for lm in active])
+        return run
+
+    first: torch.Tensor | None = None  # session 0's verify of 4, to compare across classes
+    for label, classes in (("", checked), ("full_", [max(sessions)])):
+        pool.classes = classes
+        for s in sessions:
+            out[f"{label}S{s}_step_ms"] = round(_ms(step(lms[:s], 0), n), 3)
+            out[f"{label}S{s}_verify4_ms"] = round(_ms(step(lms[:s], 4), n), 3)
+            lms[0].crop(CONTEXT)
+            got = static.logits_together([(lm, ids[:CONTEXT + 5], 5) for lm in lms[:s]])[0]
+            first = got if first is None else first
+            out[f"{label}S{s}_same_bits"] = bool(torch.equal(got, first))
         print(json.dumps(out), flush=True)
-        del lms, pool
-        if device == "cuda":
-            torch.cuda.empty_cache()
+    for rows in (5, 40):  # logit rows to the host as float32: a verify of 4, by one session and by eight
+        block = torch.zeros(rows, config.vocab_size, device=device)
+        out[f"to_host_{rows}_rows_ms"] = round(_ms(lambda: block.cpu(), n), 3)
     base = out[f"S{sessions[0]}_step_ms"]
     for s in sessions:
         out[f"S{s}_tokens_per_ms_vs_S{sessions[0]}"] = round(s / out[f"S{s}_step_ms"] / (sessions[0] / base), 2)
+    del lms, pool
+    if device == "cuda":
+        torch.cuda.empty_cache()
     return out
 
 

@@ -60,7 +60,7 @@ def probe(name: str, n: int, device: str) -> dict:
 
     # graph replays alone, per class (and a 1-row graph: what an unpadded plain step would cost)
     for rows in (1, static.DECODE_ROWS, static.PREFILL_ROWS):
-        runner = lm.pool.runner(lm.slot, rows)
+        runner = lm.pool.runner(lm.slot, 1, rows)
         runner.run(ids[CONTEXT:CONTEXT + min(rows, 8)], CONTEXT)
         replay = runner.graph.replay if runner.graph is not None else runner._call
         out[f"graph_{rows}_ms"] = round(_ms(replay, n), 3)

@@ -55,6 +55,24 @@ def test_pooled_sessions_read_the_same_bits_together_as_alone(qwen):
     assert torch.allclose(together[1], reference[-6:], atol=1e-4)
 
 
+def test_smaller_classes_are_allowed_only_where_they_give_the_full_class_bits(qwen):
+    pool = static.SessionPool(static.extract(qwen, "cpu", torch.float32), sessions=4, max_context=200)
+    assert pool.classes == [4]  # unchecked: every decode forward is the full class
+    pool.warm_up(16)
+    assert pool.classes[-1] == 4 and set(pool.classes) <= {1, 2, 4}
+    lm = pool.session()
+    assert lm.slot == 0  # the lowest free slot: a lone session fits the smallest class
+    lm.logits_for(_ids(5, 30), 1)
+    steps = {}
+    for size in (1, 2, 4):  # the same verify read in a forward of each size
+        lm.crop(30)
+        steps[size] = pool._decoder(size).run_many({0: (_ids(6, 9), 30)})[0].clone()
+    for size in pool.classes:
+        assert torch.equal(steps[size], steps[4])
+    for size in {1, 2} - set(pool.classes):
+        assert not torch.equal(steps[size], steps[4])  # refused because it differed
+
+
 def test_a_full_pool_refuses_a_session_until_one_is_dropped(qwen):
     pool = static.SessionPool(static.extract(qwen, "cpu", torch.float32), sessions=2, max_context=64)
     first, second = pool.session(), pool.session()

@@ -260,6 +260,12 @@ class SessionPool:
     output is the same whether it was alone on the server or one of many. A pool of one session is
     what a lone engine uses (its decode class: DECODE_ROWS rows).
 
+    Smaller classes (the first 1, 2, 4… slots: sessions take the lowest free slot) would spare a lone
+    session the others' padding, but whether a row gets the same bits in a forward of another size
+    depends on the kernels the GPU library picks for it. ``warm_up`` checks each size against the
+    full one on a probe and allows only those that agree bit for bit (:attr:`classes`); until then,
+    and where none agrees, every decode forward is the full class.
+
     Prompt reads (the prefill class) stay per session: each is its own forward over its slot."""
 
     def __init__(self, weights: Weights, sessions: int = 1, max_context: int = DEFAULT_CONTEXT,
@@ -282,7 +288,8 @@ class SessionPool:
         self.vocab_size = w.vocab_size
         self._free = list(range(sessions))
         self._lock = threading.Lock()
-        self._decode: _Runner | None = None
+        self._decode: dict[int, _Runner] = {}  # class size (slots covered) -> its runner
+        self.classes = [sessions]  # the sizes a decode forward may take (checked by warm_up)
 
     def session(self) -> StaticLM:
         """A session on a free slot of this pool (its slot comes back when it is garbage)."""
@@ -292,28 +299,34 @@ class SessionPool:
         with self._lock:
             if not self._free:
                 raise RuntimeError(f"all {self.sessions} sessions of the pool are in use")
-            return self._free.pop(0)
+            slot = min(self._free)  # the lowest: busy sessions stay in the small classes
+            self._free.remove(slot)
+            return slot
 
     def give_back(self, slot: int) -> None:
         with self._lock:
             self._free.append(slot)
 
-    def runner(self, slot: int | None, per_session: int) -> _Runner:
-        """A forward class over one slot's caches (``slot``) or over every slot's (None)."""
-        caches = (self.cache_k, self.cache_v) if slot is None else \
-            (self.cache_k[:, slot: slot + 1], self.cache_v[:, slot: slot + 1])
+    def runner(self, first: int, slots: int, per_session: int) -> _Runner:
+        """A forward class over the caches of slots ``first`` .. ``first + slots - 1``."""
+        caches = (self.cache_k[:, first: first + slots], self.cache_v[:, first: first + slots])
         return _Runner(self.weights, caches, (self.cos, self.sin), per_session, self.spare, self.graphs)
+
+    def _decoder(self, size: int) -> _Runner:
+        if size not in self._decode:
+            self._decode[size] = self.runner(0, size, DECODE_ROWS)
+        return self._decode[size]
 
     def read_decode(self, reads: Sequence[tuple[StaticLM, Sequence[int]]]) -> list[torch.Tensor]:
         """Each session's ``tokens`` read after what it holds, every session's in the same forwards of
-        the decode class (one per DECODE_ROWS tokens of the longest); their logits rows (model dtype)."""
-        if self._decode is None:
-            self._decode = self.runner(None, DECODE_ROWS)
+        the decode class (one per DECODE_ROWS tokens of the longest); their logits rows (model dtype).
+        The class is the smallest allowed one that covers the highest slot read."""
+        size = min(c for c in self.classes if c > max(lm.slot for lm, _ in reads))
         out: list[list[torch.Tensor]] = [[] for _ in reads]
         for offset in range(0, max(len(tokens) for _, tokens in reads), DECODE_ROWS):
             chunks = {lm.slot: (list(tokens[offset: offset + DECODE_ROWS]), len(lm.cached_ids))
                       for lm, tokens in reads if len(tokens) > offset}
-            rows = self._decode.run_many(chunks)
+            rows = self._decoder(size).run_many(chunks)
             for i, (lm, _) in enumerate(reads):
                 if lm.slot in rows:
                     out[i].append(rows[lm.slot].clone())
@@ -321,9 +334,22 @@ class SessionPool:
         return [torch.cat(rows) for rows in out]
 
     def warm_up(self, max_rows: int) -> None:
-        """Capture the shared decode graph now rather than in a request's first forward."""
-        if self._decode is None:
-            self._decode = self.runner(None, DECODE_ROWS)
+        """Capture the decode graphs now rather than in a request's first forward, and allow the
+        smaller classes that give the full class's bits. Run it before any session holds tokens:
+        the check reads a probe into slot 0."""
+        full = self._decoder(self.sessions)
+        if self.sessions == 1:
+            return
+        probe = torch.randint(0, self.vocab_size, (DECODE_ROWS,), generator=torch.Generator().manual_seed(0)).tolist()
+        reference = full.run_many({0: (probe, 0)})[0].clone()
+        self.classes = [size for size in _powers_of_two_below(self.sessions)
+                        if torch.equal(self._decoder(size).run_many({0: (probe, 0)})[0], reference)] + [self.sessions]
+        for size in [s for s in self._decode if s not in self.classes]:
+            del self._decode[size]  # its graph and buffers
+
+
+def _powers_of_two_below(n: int) -> list[int]:
+    return [1 << i for i in range(n.bit_length()) if 1 << i < n]
 
 
 class StaticLM:
@@ -357,7 +383,7 @@ class StaticLM:
     def _read_prompt(self, tokens: Sequence[int]) -> torch.Tensor:
         """Read ``tokens`` after the cached ones in forwards of the prefill class; the last row."""
         if self._prefill is None:
-            self._prefill = self.pool.runner(self.slot, PREFILL_ROWS)
+            self._prefill = self.pool.runner(self.slot, 1, PREFILL_ROWS)
         for i in range(0, len(tokens), PREFILL_ROWS):
             chunk = list(tokens[i:i + PREFILL_ROWS])
             last = self._prefill.run(chunk, len(self.cached_ids))[-1:].clone()
@@ -390,9 +416,10 @@ class StaticLM:
 
     def warm_up(self, max_rows: int) -> None:
         """Capture both classes' graphs now rather than in a request's first forwards."""
-        self.pool.warm_up(max_rows)
+        if self.pool.sessions == 1:  # a shared pool is warmed up by its owner, before sessions hold tokens
+            self.pool.warm_up(max_rows)  # one session: nothing to check, the graph is captured
         if self._prefill is None:
-            self._prefill = self.pool.runner(self.slot, PREFILL_ROWS)
+            self._prefill = self.pool.runner(self.slot, 1, PREFILL_ROWS)
 
 
 @torch.inference_mode()
@@ -406,8 +433,7 @@ def logits_together(requests: Sequence[tuple[StaticLM, Sequence[int], int]]) -> 
     decoding = [(i, lm) for i, (lm, _, _) in enumerate(requests) if begun[i][1]]
     decoded = dict(zip((i for i, _ in decoding),
                        requests[0][0].pool.read_decode([(lm, begun[i][1]) for i, lm in decoding]) if decoding else []))
-    out = []
-    for i, (_, _, keep) in enumerate(requests):
-        rows = [r for r in (begun[i][0], decoded.get(i)) if r is not None]
-        out.append(torch.cat(rows)[-keep:].float().cpu())
-    return out
+    kept = [torch.cat([r for r in (begun[i][0], decoded.get(i)) if r is not None])[-keep:]
+            for i, (_, _, keep) in enumerate(requests)]
+    together = torch.cat(kept).float().cpu()  # one copy to the host for every session (one wait on the GPU)
+    return list(together.split([len(rows) for rows in kept]))
