@@ -120,12 +120,12 @@ def load_target(spec: str, engine: str = "auto", *, home=None, dtype: str | None
 
     ``dtype`` None: float32 on the CPU, bfloat16 on a GPU. ``context``: positions of the GPU engine's
     static cache per session (default ``static.DEFAULT_CONTEXT``). ``batch`` > 1: a server's target
-    whose sessions (that many) share each forward, on the GPU engine only."""
+    whose sessions (that many) share each forward (torch engine)."""
     device = target_device(spec, device)
     engine = resolve_engine(spec, engine, dtype, device)
-    if batch > 1 and device != "cuda":
-        raise OmnidraftError("--batch pads every forward to --max-sessions x 16 rows, which a GPU does at little cost "
-                             "and a CPU does not: it runs on the GPU engine (--device cuda --engine torch)")
+    if batch > 1 and engine not in ("torch", "torch-cuda"):
+        raise OmnidraftError("--batch runs on the torch engine (--engine torch): llama.cpp sessions are served one "
+                             "forward each")
     dtype = dtype or ("bfloat16" if device == "cuda" else "float32")
     if engine == "remote":
         from omnidraft.rpc.client import RemoteTarget

@@ -85,19 +85,36 @@ def test_a_full_pool_refuses_a_session_until_one_is_dropped(qwen):
         static.logits_together([(second, [1, 2], 1), (static.StaticLM(pool.weights, 64), [1, 2], 1)])
 
 
-def test_batching_is_refused_off_the_gpu_in_one_line():
-    if torch.cuda.is_available():
-        pytest.skip("this machine has a GPU: batching is allowed here")
-    with pytest.raises(OmnidraftError, match="--device cuda"):
-        load_target("builtin:qwen2.5-coder-0.5b", "torch", device="cpu", batch=4)
+def test_batching_is_refused_on_llama_cpp_in_one_line():
+    with pytest.raises(OmnidraftError, match="--engine torch"):
+        load_target("builtin:qwen2.5-coder-0.5b", "llamacpp", device="cpu", batch=4)
 
 
-def test_concurrent_streams_share_forwards_and_each_output_is_its_own_alone(tmp_path):
+def test_a_cpu_pool_reads_sessions_together_unpadded_with_the_same_bits_as_alone(qwen):
+    pool = static.SessionPool(static.extract(qwen, "cpu", torch.float32), sessions=3, max_context=200, padded=False)
+    a, b, c = pool.session(), pool.session(), pool.session()
+    prompts = [_ids(1, 30), _ids(2, 45), _ids(3, 20)]
+    for lm, ids in zip((a, b, c), prompts):
+        lm.logits_for(ids, 1)
+    work = [(a, prompts[0] + [7], 1), (b, prompts[1] + [8, 9, 10, 11, 12, 13], 6), (c, prompts[2] + _ids(4, 21), 21)]
+    together = static.logits_together(work)
+    for (lm, ids, keep), rows in zip(work, together):
+        lm.crop(len(ids) - keep)
+        assert torch.equal(lm.logits_for(ids, keep), rows)
+    with torch.no_grad():
+        reference = qwen(torch.tensor([work[2][1]])).logits[0]
+    assert torch.allclose(together[2], reference[-21:], atol=1e-4)
+    assert torch.allclose(a.logits_for(prompts[0] + [7, 8], 1)[0], qwen(torch.tensor([prompts[0] + [7, 8]])).logits[0, -1],
+                          atol=1e-4)
+
+
+@pytest.mark.parametrize("padded", [True, False], ids=["gpu-classes", "cpu-unpadded"])
+def test_concurrent_streams_share_forwards_and_each_output_is_its_own_alone(tmp_path, padded):
     from omnidraft.rpc.client import RemoteTarget
     from omnidraft.rpc.server import serve
 
     d_model, eager, bridge = tiny_pair()
-    pool = static.SessionPool(static.extract(eager.model, "cpu", torch.float32), sessions=4, max_context=200)
+    pool = static.SessionPool(static.extract(eager.model, "cpu", torch.float32), sessions=4, max_context=200, padded=padded)
     served = serve(TorchTarget(eager.model, eager.tokenizer, pool), "tiny", "torch", port=0, token=TOKEN, max_sessions=8)
     assert served.service.max_sessions == 4  # the pool's slots
     config = DecodeConfig(max_new_tokens=24, lookup=False)

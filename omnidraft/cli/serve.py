@@ -28,8 +28,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--port", type=integer(0, 65535), default=50551, help="port (0: any free one; default 50551)")
     p.add_argument("--max-sessions", type=COUNT, default=8, help="sessions (KV caches) kept, least recently used go first")
     p.add_argument("--batch", action="store_true",
-                   help="every forward serves all sessions that have work (up to --max-sessions), on the GPU engine "
-                        "(--device cuda): more tokens per second in all, each session's a little slower")
+                   help="every forward serves all sessions that have work (up to --max-sessions), on the torch engine: "
+                        "more tokens per second in all, each client's output still exactly its own")
     p.add_argument("--max-context", type=COUNT, default=None, help="tokens a session may hold (default: the engine's)")
     p.add_argument("--max-draft", type=integer(1, 256), default=32, help="proposals per call (default 32)")
     p.add_argument("--token-file", default=None, help="clients must send this token (default: $OMNIDRAFT_TOKEN; none: no auth)")
@@ -62,7 +62,8 @@ def run(args: argparse.Namespace) -> int:
     token, tls = read_token(args.token_file), _tls(args)
     models.check_spec(args.target)
     batch = args.max_sessions if args.batch else 1
-    target, _, engine = load_target(args.target, args.engine, dtype=args.dtype, device=args.device,
+    engine = "torch" if args.batch and args.engine == "auto" else args.engine  # the engine that batches
+    target, _, engine = load_target(args.target, engine, dtype=args.dtype, device=args.device,
                                     context=args.max_context, batch=batch)
     if hasattr(target, "warm_up"):  # torch: kernels chosen by timing (CPU) or captured (GPU) before clients come
         notice(f"preparing the verify kernels once (draft lengths 0-{min(args.max_draft, LOOKUP_MAX)}) …")

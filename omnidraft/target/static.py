@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -43,6 +43,7 @@ PREFILL_ROWS = 128  # rows of every context read of two or more tokens
 DEFAULT_CONTEXT = 4096  # positions of a session's static cache (the model's own limit when smaller)
 ARCHITECTURES = ("llama", "qwen2")
 _ROPE_TYPES = ("default", "linear", "llama3")  # rotary tables that do not change with the length
+Linear = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None"], torch.Tensor]  # (x, weight, bias) -> x W^T + b
 
 
 @dataclass
@@ -197,6 +198,61 @@ def forward(w: Weights, cache_k: torch.Tensor, cache_v: torch.Tensor, tokens: to
     return F.linear(rms_norm(x, w.norm, w.eps), w.head)
 
 
+def forward_ragged(w: Weights, cache_k: torch.Tensor, cache_v: torch.Tensor, reads: Sequence[tuple[int, Sequence[int], int]],
+                   cos_table: torch.Tensor, sin_table: torch.Tensor, linear: Linear) -> torch.Tensor:
+    """Logits [rows, vocab] of several sessions' tokens in one forward without padding, for a CPU:
+    ``reads`` holds (slot, tokens, start) per session, and their rows come in that order. The
+    Linear layers run on every row at once (``linear``); attention runs per session, over its own
+    cache up to its last position, so a session's attention is the same arithmetic whoever else
+    was read with it. Caches as in :func:`forward`."""
+    counts = [len(tokens) for _, tokens, _ in reads]
+    tokens = torch.tensor([t for _, chunk, _ in reads for t in chunk], dtype=torch.long)
+    positions = torch.cat([torch.arange(start, start + n) for (_, _, start), n in zip(reads, counts)])
+    cos, sin = cos_table[positions][:, None], sin_table[positions][:, None]
+    group = w.n_heads // w.n_kv_heads
+    masks = []  # per session: [kv heads, group * rows, its length] of 0 / -inf (causal within its rows)
+    for (_, _, start), n in zip(reads, counts):
+        visible = torch.arange(start + n)[None, :] <= torch.arange(start, start + n)[:, None]
+        bias = torch.zeros(visible.shape).masked_fill_(~visible, float("-inf"))
+        masks.append(bias.repeat(group, 1).expand(w.n_kv_heads, -1, -1))
+    x = w.embed[tokens]
+    q_width, kv_width = w.n_heads * w.head_dim, w.n_kv_heads * w.head_dim
+    total = tokens.shape[0]
+    for i, layer in enumerate(w.layers):
+        qkv = linear(rms_norm(x, layer.attn_norm, w.eps), layer.wqkv, layer.bqkv)
+        qk = rotate(qkv[:, : q_width + kv_width].view(total, w.n_heads + w.n_kv_heads, w.head_dim), cos, sin)
+        q, k = qk[:, : w.n_heads], qk[:, w.n_heads:]
+        v = qkv[:, q_width + kv_width:].view(total, w.n_kv_heads, w.head_dim)
+        attended, row = [], 0
+        for (slot, _, start), n, bias in zip(reads, counts, masks):
+            keys, values = cache_k[i, slot], cache_v[i, slot]  # [kv heads, slots, dim]
+            keys[:, start: start + n] = k[row: row + n].transpose(0, 1)
+            values[:, start: start + n] = v[row: row + n].transpose(0, 1)
+            attended.append(attend(q[row: row + n], keys[:, : start + n], values[:, : start + n], bias))
+            row += n
+        x = x + linear(torch.cat(attended), layer.wo, None)
+        gate, up = linear(rms_norm(x, layer.mlp_norm, w.eps), layer.w_gate_up, None).chunk(2, dim=-1)
+        x = x + linear(F.silu(gate) * up, layer.w_down, None)
+    return linear(rms_norm(x, w.norm, w.eps), w.head, None)
+
+
+def _native_linear() -> Linear | None:
+    """The one-pass CPU kernel as a Linear (``omnidraft.kernels``): every row gets the same bits
+    whatever the number of rows, which is what lets a CPU pool serve sessions together. None where
+    it is not built."""
+    from omnidraft import kernels
+
+    wide, rows = kernels.linear_rows_512(), kernels.linear_rows()
+    if wide is None and rows is None:
+        return None
+
+    def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        out = wide(x.contiguous(), weight) if wide is not None else rows(x.contiguous(), weight, True)
+        return out if bias is None else out + bias
+
+    return linear
+
+
 class _Runner:
     """One class's forward over a set of caches (one session's, or a pool's): static input buffers,
     and on a GPU the captured graph. Row r belongs to the caches' session r // ``per_session``."""
@@ -266,12 +322,23 @@ class SessionPool:
     full one on a probe and allows only those that agree bit for bit (:attr:`classes`); until then,
     and where none agrees, every decode forward is the full class.
 
-    Prompt reads (the prefill class) stay per session: each is its own forward over its slot."""
+    Prompt reads (the prefill class) stay per session: each is its own forward over its slot.
+
+    ``padded=False`` is the CPU's pool, where a padded row costs as much as a real one: no classes
+    and no graphs. Every session's decode tokens go in one forward of just their rows, the Linear
+    layers through the native one-pass kernel (a row's bits do not depend on how many rows share
+    it) and attention per session (:func:`forward_ragged`); a prompt is read alone with torch's
+    GEMM."""
 
     def __init__(self, weights: Weights, sessions: int = 1, max_context: int = DEFAULT_CONTEXT,
-                 graphs: bool | None = None) -> None:
+                 graphs: bool | None = None, padded: bool = True) -> None:
         if sessions < 1:
             raise ValueError(f"a pool holds at least one session, not {sessions}")
+        self.padded = padded
+        self._native = None if padded else _native_linear()
+        if not padded and self._native is None:
+            raise ValueError("serving sessions together on a CPU needs omnidraft's native kernel, which is not "
+                             "built here (scripts/setup.sh builds it)")
         w = weights
         self.weights, self.sessions = w, sessions
         self.max_context = min(max_context, w.max_positions)
@@ -284,7 +351,7 @@ class SessionPool:
         angles = torch.cat((angles, angles), dim=-1)
         self.cos = (angles.cos() * w.rope_scale).to(w.embed.dtype)
         self.sin = (angles.sin() * w.rope_scale).to(w.embed.dtype)
-        self.graphs = w.device.type == "cuda" if graphs is None else graphs
+        self.graphs = padded and (w.device.type == "cuda" if graphs is None else graphs)
         self.vocab_size = w.vocab_size
         self._free = list(range(sessions))
         self._lock = threading.Lock()
@@ -321,6 +388,8 @@ class SessionPool:
         """Each session's ``tokens`` read after what it holds, every session's in the same forwards of
         the decode class (one per DECODE_ROWS tokens of the longest); their logits rows (model dtype).
         The class is the smallest allowed one that covers the highest slot read."""
+        if not self.padded:
+            return self._read_ragged([(lm, tokens) for lm, tokens in reads], self._native)
         size = min(c for c in self.classes if c > max(lm.slot for lm, _ in reads))
         out: list[list[torch.Tensor]] = [[] for _ in reads]
         for offset in range(0, max(len(tokens) for _, tokens in reads), DECODE_ROWS):
@@ -333,10 +402,21 @@ class SessionPool:
                     lm.cached_ids.extend(chunks[lm.slot][0])
         return [torch.cat(rows) for rows in out]
 
+    def _read_ragged(self, reads: Sequence[tuple[StaticLM, Sequence[int]]], linear: Linear) -> list[torch.Tensor]:
+        """One unpadded forward of every session's tokens (``forward_ragged``); each one's rows."""
+        logits = forward_ragged(self.weights, self.cache_k, self.cache_v,
+                                [(lm.slot, list(tokens), len(lm.cached_ids)) for lm, tokens in reads],
+                                self.cos, self.sin, linear)
+        for lm, tokens in reads:
+            lm.cached_ids.extend(tokens)
+        return list(logits.split([len(tokens) for _, tokens in reads]))
+
     def warm_up(self, max_rows: int) -> None:
         """Capture the decode graphs now rather than in a request's first forward, and allow the
         smaller classes that give the full class's bits. Run it before any session holds tokens:
-        the check reads a probe into slot 0."""
+        the check reads a probe into slot 0. (A CPU pool has nothing to prepare.)"""
+        if not self.padded:
+            return
         full = self._decoder(self.sessions)
         if self.sessions == 1:
             return
@@ -346,6 +426,10 @@ class SessionPool:
                         if torch.equal(self._decoder(size).run_many({0: (probe, 0)})[0], reference)] + [self.sessions]
         for size in [s for s in self._decode if s not in self.classes]:
             del self._decode[size]  # its graph and buffers
+
+
+def _torch_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return F.linear(x, weight, bias)
 
 
 def _powers_of_two_below(n: int) -> list[int]:
@@ -382,6 +466,8 @@ class StaticLM:
 
     def _read_prompt(self, tokens: Sequence[int]) -> torch.Tensor:
         """Read ``tokens`` after the cached ones in forwards of the prefill class; the last row."""
+        if not self.pool.padded:
+            return self.pool._read_ragged([(self, tokens)], _torch_linear)[0][-1:]
         if self._prefill is None:
             self._prefill = self.pool.runner(self.slot, 1, PREFILL_ROWS)
         for i in range(0, len(tokens), PREFILL_ROWS):
@@ -418,7 +504,7 @@ class StaticLM:
         """Capture both classes' graphs now rather than in a request's first forwards."""
         if self.pool.sessions == 1:  # a shared pool is warmed up by its owner, before sessions hold tokens
             self.pool.warm_up(max_rows)  # one session: nothing to check, the graph is captured
-        if self._prefill is None:
+        if self._prefill is None and self.pool.padded:
             self._prefill = self.pool.runner(self.slot, 1, PREFILL_ROWS)
 
 

@@ -65,14 +65,21 @@ def torch_target(model: torch.nn.Module, tokenizer, device: str = "cpu",
                  context: int = static.DEFAULT_CONTEXT, batch: int = 1) -> TorchTarget:
     """The target on ``device``: on a GPU the static engine when the architecture allows it (else the
     eager model moved there), on the CPU the eager engine with its measured kernels. ``batch`` > 1:
-    a server's target whose sessions (at most ``batch``) share every decode forward (static engine;
-    on the CPU too, where its padded rows make it slow: for tests)."""
+    a server's target whose sessions (at most ``batch``) share every decode forward: the static
+    engine's session pool, padded classes and CUDA graphs on a GPU, unpadded rows on a CPU."""
     if batch > 1:
         reason = static.unsupported_reason(model)
         if reason is not None:
             raise OmnidraftError(f"batching runs on the static engine, which cannot run this model: {reason}")
-        weights = static.extract(model, device, next(model.parameters()).dtype)
-        return TorchTarget(model, tokenizer, static.SessionPool(weights, batch, context))
+        dtype = next(model.parameters()).dtype
+        if device != "cuda" and dtype != torch.float32:
+            raise OmnidraftError("batching on a CPU runs float32 (its native kernel's); drop --dtype")
+        weights = static.extract(model, device, dtype)
+        try:
+            pool = static.SessionPool(weights, batch, context, padded=device == "cuda")
+        except ValueError as exc:
+            raise OmnidraftError(str(exc)) from None
+        return TorchTarget(model, tokenizer, pool)
     if device != "cuda":
         return TorchTarget(model, tokenizer)
     reason = static.unsupported_reason(model)
