@@ -347,11 +347,15 @@ class Batcher:
     """Runs the sessions' forwards, one at a time on the engine. Where the engine can serve several
     sessions in one forward (``batch_sessions`` > 1: the static engine's session pool), the forward
     takes every session that has work: whoever holds the engine next takes all jobs queued meanwhile
-    (leader and followers, no thread of its own), after waiting up to ``GATHER_S`` for each running
-    stream to queue its next job, so that streams which all just got their tokens go together rather
-    than one forward each. Keeps the server's counters: forwards, busy seconds, emitted tokens."""
+    (leader and followers, no thread of its own), after waiting a little for each running stream to
+    queue its next job, so that streams which all just got their tokens go together rather than one
+    forward each: up to ``GATHER_SHARE`` of the last forward's time (at least ``GATHER_MIN_S``), since
+    the streams' own work between forwards (the rule, the message) takes longer where forwards do (a
+    CPU shared by the streams' threads). Keeps the server's counters: forwards, busy seconds, emitted
+    tokens."""
 
-    GATHER_S = 0.002  # a stream turns its logits into the next job in well under this
+    GATHER_SHARE = 0.05
+    GATHER_MIN_S = 0.002
 
     def __init__(self, target: Any, compute_lock: threading.Lock) -> None:
         self.target, self.compute_lock = target, compute_lock
@@ -360,6 +364,7 @@ class Batcher:
         self.queue: list[_Job] = []
         self.streams = 0  # Generate and Decode loops running
         self.forwards, self.busy_s, self.emitted = 0, 0.0, 0
+        self.last_forward_s = 0.0
 
     def join(self) -> None:
         with self.cond:
@@ -391,7 +396,8 @@ class Batcher:
     def _gather(self) -> list[_Job]:
         with self.cond:
             if self.sessions > 1:
-                self.cond.wait_for(lambda: len(self.queue) >= min(self.streams, self.sessions), timeout=self.GATHER_S)
+                window = max(self.GATHER_MIN_S, self.GATHER_SHARE * self.last_forward_s)
+                self.cond.wait_for(lambda: len(self.queue) >= min(self.streams, self.sessions), timeout=window)
             jobs, self.queue = self.queue[: self.sessions], self.queue[self.sessions:]
             return jobs
 
@@ -417,6 +423,7 @@ class Batcher:
         with self.cond:
             self.forwards += 1
             self.busy_s += seconds
+            self.last_forward_s = seconds
 
 
 class ProposalBudget:
