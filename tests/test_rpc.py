@@ -495,6 +495,43 @@ def test_cli_serve_generate_sigkill_restart_and_sigterm_drain(tmp_path):
             server.kill()
 
 
+@pytest.mark.real
+def test_cli_serve_batch_serves_concurrent_clients_each_as_alone(tmp_path):
+    """`serve --batch` on the CPU (the unpadded session pool, the real 0.5B): two clients at once get
+    what each gets alone, and the server's counters show forwards they shared."""
+    import threading
+
+    from omnidraft.rpc.client import RemoteTarget
+
+    port = _free_port()
+    server = _serve(port, "--batch", "--max-sessions", "2")
+    try:
+        clients = [RemoteTarget(f"grpc://127.0.0.1:{port}", token=TOKEN, home=tmp_path) for _ in range(2)]
+        decoders = [SpeculativeDecoder(c) for c in clients]  # thin clients: Generate streams
+        tok = clients[0].tokenizer
+        prompts = [encode_prompt(tok, "def is_prime(n):\n"), encode_prompt(tok, "Name three sorting algorithms.", chat=True)]
+        config = DecodeConfig(max_new_tokens=12)
+        alone = [d.generate(ids, config).token_ids for d, ids in zip(decoders, prompts)]
+        info = clients[0].server_info()
+        assert info.batch_sessions == 2 and info.engine == "torch"
+        for c in clients:
+            c.new_session()  # each prompt is read afresh, as it was alone
+        together: list = [None, None]
+        threads = [threading.Thread(target=lambda i=i: together.__setitem__(i, decoders[i].generate(prompts[i], config).token_ids))
+                   for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert together == alone
+        after = clients[0].server_info()
+        assert after.forwards - info.forwards < after.emitted - info.emitted  # some forwards served both
+        for c in clients:
+            c.close()
+    finally:
+        server.kill()
+
+
 def test_a_public_address_without_a_token_is_refused():
     from test_cli import assert_one_line_error
 
