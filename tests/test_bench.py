@@ -168,3 +168,14 @@ def test_the_base_mode_refuses_a_torch_drafter_with_a_merged_adapter():
         without_adapter(drafter)
     with pytest.raises(ValueError, match="needs a drafter"):
         without_adapter(None)
+
+
+def test_the_report_names_what_ran_the_drafter():
+    from omnidraft.bench.report import meta_line
+
+    meta = dict(drafter="builtin:smollm2-135m", target="builtin:qwen2.5-coder-1.5b", prompts="humaneval", n=4,
+                max_new_tokens=128, draft_len=8, draft_stop="auto", drafter_dtype="bfloat16",
+                temperature_sampling_modes=0.7, threads=2)
+    assert "torch drafter in bfloat16" in meta_line(meta)  # a report from before the backend was recorded
+    assert "drafter on native" in meta_line(dict(meta, drafter_backend="native"))
+    assert "torch drafter" in meta_line(dict(meta, drafter_backend="auto"))

@@ -114,10 +114,18 @@ def draft_policy(meta: dict) -> str:
     return f"k ≤ {k}, confidence stop {conf}"
 
 
+def drafter_runtime(meta: dict) -> str:
+    """What ran the drafter in the plain modes: the bench keeps torch under ``auto``."""
+    backend = meta.get("drafter_backend", "auto")
+    if backend in ("auto", "torch"):
+        return f"torch drafter in {meta['drafter_dtype']}"
+    return f"drafter on {backend}"
+
+
 def meta_line(meta: dict) -> str:
     return (f"drafter `{meta['drafter']}` → target `{meta['target']}`, prompts `{meta['prompts']}` × {meta['n']}, "
             f"{meta['max_new_tokens']} new tokens, {draft_policy(meta)}, "
-            + f"torch drafter in {meta['drafter_dtype']} (the -onnx and -gguf modes: the export, the GGUF), "
+            + drafter_runtime(meta) + " (the -onnx and -gguf modes: the export, the GGUF), "
             + (f"adapter {meta['adapter']}, " if meta.get("adapter", "none") != "none" else "") +
             f"sampling modes at T={meta['temperature_sampling_modes']}, "
             f"{meta['threads']} threads" + (f", CPU {meta['host']}" if meta.get("host") else ""))

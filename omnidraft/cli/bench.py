@@ -149,7 +149,8 @@ def run_meta(args: argparse.Namespace, n: int) -> dict:
     return {"host": cpu_model(), "drafter": args.drafter, "target": args.target, "prompts": args.prompts, "n": n,
             "offset": args.offset, "max_new_tokens": args.max_new_tokens, "draft_len": args.draft_len,
             "draft_confidence": args.draft_confidence, "draft_stop": args.draft_stop, "stop_gamma": args.stop_gamma,
-            "drafter_dtype": args.drafter_dtype or DEFAULT_DRAFTER_DTYPE, "temperature_sampling_modes": getattr(args, "sample_temperature", None),
+            "drafter_dtype": args.drafter_dtype or DEFAULT_DRAFTER_DTYPE,
+            "drafter_backend": getattr(args, "drafter_backend", "auto"), "temperature_sampling_modes": getattr(args, "sample_temperature", None),
             "seed": args.seed, "threads": torch.get_num_threads(), "rtt_ms": getattr(args, "rtt_ms", 0.0)}
 
 
