@@ -21,8 +21,14 @@ token, in bf16 too (an eager engine computes a 9-row verify with other kernels t
 and differs at near-ties). The price is that a plain step pays for ``DECODE_ROWS`` rows; on a GPU
 that is memory-bound at these sizes (docs/remote.md has the measured step costs).
 
+**Sessions together.** A :class:`SessionPool` holds several sessions' caches in one tensor, so a
+server can serve every session that has work in one forward (``serve --batch``,
+:func:`logits_together`): on a GPU in padded classes of 1, 2, 4… sessions, each allowed only where it
+gives the full class's bits; on a CPU unpadded (:func:`forward_ragged`), where a padded row costs
+as much as a real one.
+
 Llama-family decoders only (``llama``, ``qwen2``: RMSNorm, rotary positions, grouped-query
-attention, SwiGLU MLP); other architectures run on the eager engine. On a CPU the same code runs
+attention, SwiGLU MLP); other architectures run on the eager engine. On a CPU the padded code runs
 without graphs (the tests use it there).
 """
 
@@ -456,7 +462,8 @@ class StaticLM:
         else with a cache of its own."""
         if self.pool.sessions > 1:
             return self.pool.session()
-        return StaticLM(self.weights, self.max_context, self.graphs)
+        own = SessionPool(self.weights, 1, self.max_context, self.graphs, padded=self.pool.padded)
+        return StaticLM(self.weights, self.max_context, self.graphs, pool=own)
 
     def reset(self) -> None:
         self.cached_ids = []  # slots past the cached length are overwritten before anything reads them
