@@ -174,3 +174,84 @@ def test_every_stream_gets_its_own_forward_when_many_wait(sessions):
         t.join()
     assert got == {i: [float(i + step) for step in range(6)] for i in range(5)}
     assert batcher.forwards < 30 if sessions > 1 else batcher.forwards == 30  # shared forwards only where it batches
+
+
+def test_hostile_calls_from_many_threads_leave_a_batching_server_up_and_exact(tmp_path):
+    """A bounded fuzz of a batching server (two slots, a 200-token context) from four threads at once,
+    so that hostile work lands in shared forwards: more sessions than slots, prefixes it does not
+    hold, contexts over the limit, huge and bad drafts, streams cancelled midway, bytes that are no
+    message. Only clear refusals come back, and a client still gets its output from before."""
+    import random
+
+    import grpc
+
+    from omnidraft.rpc.client import RemoteTarget
+    from omnidraft.rpc.proto import pb
+    from omnidraft.rpc.server import serve
+
+    _, eager, _ = tiny_pair()
+    pool = static.SessionPool(static.extract(eager.model, "cpu", torch.float32), sessions=2, max_context=200, padded=False)
+    served = serve(TorchTarget(eager.model, eager.tokenizer, pool), "tiny", "torch", port=0, token=TOKEN)
+    config = DecodeConfig(max_new_tokens=16, lookup=False)
+    prompt = eager.tokenizer.encode("the cat sat on")
+    client = RemoteTarget(f"grpc://127.0.0.1:{served.port}", token=TOKEN, home=tmp_path)
+    before = SpeculativeDecoder(client).generate(prompt, config).token_ids
+    channel = grpc.insecure_channel(f"127.0.0.1:{served.port}")
+    md = (("authorization", f"Bearer {TOKEN}"),)
+    decode = channel.stream_stream("/omnidraft.v1.Target/Decode", request_serializer=lambda m: m if isinstance(m, bytes)
+                                   else m.SerializeToString(), response_deserializer=pb.Emitted.FromString)
+    verify = channel.unary_unary("/omnidraft.v1.Target/Verify", request_serializer=lambda m: m if isinstance(m, bytes)
+                                 else m.SerializeToString(), response_deserializer=pb.VerifyReply.FromString)
+    vocab, codes, lock = eager.vocab_size, {}, threading.Lock()
+
+    def hostile(worker: int) -> None:
+        rng = random.Random(worker)
+        for i in range(40):
+            sid = f"w{worker}-{rng.randrange(6)}"  # six ids per thread, two slots in all: evictions and refusals
+            kind = i % 5
+            try:
+                if kind == 0:
+                    verify(rng.randbytes(rng.randrange(1, 100)), timeout=30, metadata=md)
+                elif kind == 1:
+                    verify(pb.VerifyRequest(session_id=sid, prefix_len=rng.choice([0, 3, 10**6]),
+                                            append=[rng.randrange(-2, vocab + 2) for _ in range(rng.choice([1, 5, 250]))],
+                                            proposed=[rng.randrange(vocab) for _ in range(rng.choice([0, 4, 40]))],
+                                            rule="greedy"), timeout=30, metadata=md)
+                elif kind == 3:  # a well-formed stream with drafts, between the hostile ones
+                    start = pb.GenerateRequest(session_id=f"ok{worker}-{i}", append=[rng.randrange(vocab) for _ in range(3)],
+                                               max_new_tokens=8, max_proposals=4)
+                    drafts = [pb.DecodeUp(draft=pb.Draft(start=3, tokens=[rng.randrange(vocab) for _ in range(4)]))]
+                    list(decode(iter([pb.DecodeUp(start=start), *drafts]), timeout=30, metadata=md))
+                else:
+                    start = pb.GenerateRequest(session_id=sid, append=[rng.randrange(vocab) for _ in range(rng.choice([3, 190]))],
+                                               max_new_tokens=rng.choice([4, 30]), max_proposals=rng.choice([0, 4, 10**6]))
+                    drafts = [pb.DecodeUp(draft=pb.Draft(start=rng.choice([3, 5, -1, 10**9]),
+                                                         tokens=[rng.randrange(vocab + 3) for _ in range(rng.randrange(1, 8))]))
+                              for _ in range(rng.randrange(0, 3))]
+                    replies = decode(iter([pb.DecodeUp(start=start), *drafts]), timeout=30, metadata=md)
+                    for _ in replies:
+                        if kind == 4:
+                            replies.cancel()
+                code = "OK"
+            except grpc.RpcError as exc:
+                code = exc.code().name
+            with lock:
+                codes[code] = codes.get(code, 0) + 1
+
+    threads = [threading.Thread(target=hostile, args=(w,)) for w in range(4)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        print(f"fuzz of a batching server: {sum(codes.values())} calls from 4 threads -> {codes}")
+        assert set(codes) <= {"OK", "INVALID_ARGUMENT", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "CANCELLED",
+                              "UNAVAILABLE", "ABORTED"}, codes
+        assert codes.get("OK", 0) >= 10 and codes.get("INVALID_ARGUMENT", 0) >= 10, codes
+        client.new_session()
+        assert SpeculativeDecoder(client).generate(prompt, config).token_ids == before
+        assert served.service.batcher.streams == 0  # every stream that ended left the gather count
+    finally:
+        channel.close()
+        client.close()
+        served.drain(grace=1)
