@@ -255,3 +255,21 @@ def test_hostile_calls_from_many_threads_leave_a_batching_server_up_and_exact(tm
         channel.close()
         client.close()
         served.drain(grace=1)
+
+
+def test_on_a_cpu_pool_each_session_is_charged_its_rows_share_of_a_shared_forward(qwen):
+    from omnidraft.rpc.server import Batcher, _Job
+
+    pool = static.SessionPool(static.extract(qwen, "cpu", torch.float32), sessions=2, max_context=200, padded=False)
+    _, eager, _ = tiny_pair()
+    target = TorchTarget(qwen, eager.tokenizer, pool)  # any tokenizer: only the ids matter here
+    a, b = target.session(), target.session()
+    a.score(_ids(1, 20), 0)
+    b.score(_ids(2, 20), 0)
+    batcher = Batcher(target, threading.Lock())
+    step, verify = _Job(a, _ids(1, 20) + [5], 0), _Job(b, _ids(2, 20) + [6, 7, 8, 9], 3)  # 1 row and 4 rows
+    batcher._run([step, verify])
+    assert target.cost_by_rows and batcher.forwards == 1
+    assert verify.seconds == pytest.approx(4 * step.seconds) and step.seconds + verify.seconds == pytest.approx(batcher.busy_s)
+    gpu_like = TorchTarget(qwen, eager.tokenizer, static.SessionPool(pool.weights, sessions=2, max_context=200))
+    assert not gpu_like.cost_by_rows  # a padded forward costs the same whatever a session reads: each pays all of it

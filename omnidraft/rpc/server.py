@@ -381,7 +381,7 @@ class Batcher:
 
     def score(self, target: Any, ids: list[int], num_proposed: int) -> tuple[torch.Tensor, float]:
         """``target.score(ids, num_proposed)``, possibly in a forward shared with other sessions; and
-        that forward's seconds."""
+        the seconds of the forward (of this session's rows' share of it, where rows cost)."""
         job = _Job(target, ids, num_proposed)
         with self.cond:
             self.queue.append(job)
@@ -403,13 +403,17 @@ class Batcher:
 
     def _run(self, jobs: list[_Job]) -> None:
         if self.sessions > 1:
-            self._timed(jobs, lambda: self.target.score_many([(j.target, j.ids, j.num_proposed) for j in jobs]))
+            by_rows = getattr(self.target, "cost_by_rows", False)
+            rows = [j.target.rows_to_read(j.ids, j.num_proposed) for j in jobs] if by_rows else None
+            self._timed(jobs, lambda: self.target.score_many([(j.target, j.ids, j.num_proposed) for j in jobs]), rows)
         else:
             for j in jobs:
                 self._timed([j], lambda: [j.target.score(j.ids, j.num_proposed)])
 
-    def _timed(self, jobs: list[_Job], forward) -> None:
-        """One forward for ``jobs``; its logits, its time, or its failure go to each of them."""
+    def _timed(self, jobs: list[_Job], forward, rows: list[int] | None = None) -> None:
+        """One forward for ``jobs``; its logits, its time, or its failure go to each of them. With
+        ``rows`` (a forward that costs by its rows) each job's time is its rows' share, so a session's
+        verify looks as dear to the proposal budget as it is to the server."""
         start = time.perf_counter()
         try:
             results = forward()
@@ -418,8 +422,9 @@ class Batcher:
                 j.error = exc
             return
         seconds = time.perf_counter() - start
-        for j, logits in zip(jobs, results):
-            j.logits, j.seconds = logits, seconds
+        shares = [seconds * r / sum(rows) for r in rows] if rows else [seconds] * len(jobs)
+        for j, logits, share in zip(jobs, results, shares):
+            j.logits, j.seconds = logits, share
         with self.cond:
             self.forwards += 1
             self.busy_s += seconds

@@ -8,7 +8,7 @@ import torch
 
 from omnidraft.console import warn
 from omnidraft.errors import OmnidraftError
-from omnidraft.kv import CachedLM, max_positions_of
+from omnidraft.kv import CachedLM, common_prefix_len, max_positions_of
 from omnidraft.target import static
 from omnidraft.target.base import eos_ids_of
 
@@ -36,6 +36,17 @@ class TorchTarget:
     def batch_sessions(self) -> int:
         """How many sessions one forward can serve (``score_many``): the pool's size, else 1."""
         return self.lm.sessions if isinstance(self.lm, static.SessionPool) else 1
+
+    @property
+    def cost_by_rows(self) -> bool:
+        """Whether a shared forward costs in proportion to its rows (a CPU pool: unpadded,
+        compute-bound), so each session's share of its time is its share of the rows; on a GPU pool
+        the padded forward costs the same whatever a session reads."""
+        return isinstance(self.lm, static.SessionPool) and not self.lm.padded
+
+    def rows_to_read(self, ids: Sequence[int], num_proposed: int) -> int:
+        """Rows this session's next ``score(ids, num_proposed)`` reads (what its cache lacks)."""
+        return max(len(ids) - common_prefix_len(self.lm.cached_ids, ids), num_proposed + 1)
 
     def score_many(self, requests: Sequence[tuple[TorchTarget, Sequence[int], int]]) -> list[torch.Tensor]:
         """``score`` of several of this target's sessions, (session, ids, num_proposed) each: on a
