@@ -221,7 +221,14 @@ def test_hostile_calls_from_many_threads_leave_a_batching_server_up_and_exact(tm
                     start = pb.GenerateRequest(session_id=f"ok{worker}-{i}", append=[rng.randrange(vocab) for _ in range(3)],
                                                max_new_tokens=8, max_proposals=4)
                     drafts = [pb.DecodeUp(draft=pb.Draft(start=3, tokens=[rng.randrange(vocab) for _ in range(4)]))]
-                    list(decode(iter([pb.DecodeUp(start=start), *drafts]), timeout=30, metadata=md))
+                    for attempt in range(50):  # both slots may be decoding: retry, as a client does on UNAVAILABLE
+                        try:
+                            list(decode(iter([pb.DecodeUp(start=start), *drafts]), timeout=30, metadata=md))
+                            break
+                        except grpc.RpcError as exc:
+                            if exc.code() != grpc.StatusCode.UNAVAILABLE or attempt == 49:
+                                raise
+                            threading.Event().wait(0.02)
                 else:
                     start = pb.GenerateRequest(session_id=sid, append=[rng.randrange(vocab) for _ in range(rng.choice([3, 190]))],
                                                max_new_tokens=rng.choice([4, 30]), max_proposals=rng.choice([0, 4, 10**6]))
