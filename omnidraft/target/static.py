@@ -169,6 +169,27 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torc
     return out.view(sessions, heads, rows, dim).transpose(1, 2).reshape(total, heads * dim)
 
 
+def _torch_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return F.linear(x, weight, bias)
+
+
+def _qkv(w: Weights, layer: Layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+         linear: Linear) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A layer's queries and keys (rotated) and values: [rows, heads or kv heads, dim] each."""
+    rows = x.shape[0]
+    q_width, kv_width = w.n_heads * w.head_dim, w.n_kv_heads * w.head_dim
+    qkv = linear(rms_norm(x, layer.attn_norm, w.eps), layer.wqkv, layer.bqkv)
+    qk = rotate(qkv[:, : q_width + kv_width].view(rows, w.n_heads + w.n_kv_heads, w.head_dim), cos, sin)
+    return qk[:, : w.n_heads], qk[:, w.n_heads:], qkv[:, q_width + kv_width:].view(rows, w.n_kv_heads, w.head_dim)
+
+
+def _after_attention(w: Weights, layer: Layer, x: torch.Tensor, attended: torch.Tensor, linear: Linear) -> torch.Tensor:
+    """The residual stream after a layer's output projection and its MLP."""
+    x = x + linear(attended, layer.wo, None)
+    gate, up = linear(rms_norm(x, layer.mlp_norm, w.eps), layer.w_gate_up, None).chunk(2, dim=-1)
+    return x + linear(F.silu(gate) * up, layer.w_down, None)
+
+
 def forward(w: Weights, cache_k: torch.Tensor, cache_v: torch.Tensor, tokens: torch.Tensor,
             positions: torch.Tensor, cos_table: torch.Tensor, sin_table: torch.Tensor) -> torch.Tensor:
     """Logits [rows, vocab] for ``tokens`` at ``positions``, writing their keys and values into the
@@ -189,18 +210,13 @@ def forward(w: Weights, cache_k: torch.Tensor, cache_v: torch.Tensor, tokens: to
                 + positions[:, None]).flatten()
     cos, sin = cos_table[positions][:, None], sin_table[positions][:, None]
     x = w.embed[tokens]
-    q_width, kv_width = w.n_heads * w.head_dim, w.n_kv_heads * w.head_dim
     for i, layer in enumerate(w.layers):
-        qkv = F.linear(rms_norm(x, layer.attn_norm, w.eps), layer.wqkv, layer.bqkv)
-        qk = rotate(qkv[:, : q_width + kv_width].view(total, w.n_heads + w.n_kv_heads, w.head_dim), cos, sin)
-        q, k = qk[:, : w.n_heads], qk[:, w.n_heads:]
+        q, k, v = _qkv(w, layer, x, cos, sin, _torch_linear)
         keys, values = cache_k[i].view(-1, dim), cache_v[i].view(-1, dim)
         keys.index_copy_(0, write_at, k.reshape(-1, dim))
-        values.index_copy_(0, write_at, qkv[:, q_width + kv_width:].reshape(-1, dim))
+        values.index_copy_(0, write_at, v.reshape(-1, dim))
         attended = attend(q, keys.view(-1, slots, dim), values.view(-1, slots, dim), bias, sessions)
-        x = x + F.linear(attended, layer.wo)
-        gate, up = F.linear(rms_norm(x, layer.mlp_norm, w.eps), layer.w_gate_up).chunk(2, dim=-1)
-        x = x + F.linear(F.silu(gate) * up, layer.w_down)
+        x = _after_attention(w, layer, x, attended, _torch_linear)
     return F.linear(rms_norm(x, w.norm, w.eps), w.head)
 
 
@@ -222,13 +238,8 @@ def forward_ragged(w: Weights, cache_k: torch.Tensor, cache_v: torch.Tensor, rea
         bias = torch.zeros(visible.shape).masked_fill_(~visible, float("-inf"))
         masks.append(bias.repeat(group, 1).expand(w.n_kv_heads, -1, -1))
     x = w.embed[tokens]
-    q_width, kv_width = w.n_heads * w.head_dim, w.n_kv_heads * w.head_dim
-    total = tokens.shape[0]
     for i, layer in enumerate(w.layers):
-        qkv = linear(rms_norm(x, layer.attn_norm, w.eps), layer.wqkv, layer.bqkv)
-        qk = rotate(qkv[:, : q_width + kv_width].view(total, w.n_heads + w.n_kv_heads, w.head_dim), cos, sin)
-        q, k = qk[:, : w.n_heads], qk[:, w.n_heads:]
-        v = qkv[:, q_width + kv_width:].view(total, w.n_kv_heads, w.head_dim)
+        q, k, v = _qkv(w, layer, x, cos, sin, linear)
         attended, row = [], 0
         for (slot, _, start), n, bias in zip(reads, counts, masks):
             keys, values = cache_k[i, slot], cache_v[i, slot]  # [kv heads, slots, dim]
@@ -236,9 +247,7 @@ def forward_ragged(w: Weights, cache_k: torch.Tensor, cache_v: torch.Tensor, rea
             values[:, start: start + n] = v[row: row + n].transpose(0, 1)
             attended.append(attend(q[row: row + n], keys[:, : start + n], values[:, : start + n], bias))
             row += n
-        x = x + linear(torch.cat(attended), layer.wo, None)
-        gate, up = linear(rms_norm(x, layer.mlp_norm, w.eps), layer.w_gate_up, None).chunk(2, dim=-1)
-        x = x + linear(F.silu(gate) * up, layer.w_down, None)
+        x = _after_attention(w, layer, x, torch.cat(attended), linear)
     return linear(rms_norm(x, w.norm, w.eps), w.head, None)
 
 
@@ -432,10 +441,6 @@ class SessionPool:
                         if torch.equal(self._decoder(size).run_many({0: (probe, 0)})[0], reference)] + [self.sessions]
         for size in [s for s in self._decode if s not in self.classes]:
             del self._decode[size]  # its graph and buffers
-
-
-def _torch_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    return F.linear(x, weight, bias)
 
 
 def _powers_of_two_below(n: int) -> list[int]:
