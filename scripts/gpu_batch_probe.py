@@ -1,6 +1,7 @@
 """What a batching server's forward costs on the GPU engine (``serve --batch``): one forward of S
 sessions of a ``SessionPool``, every session doing a plain step or a verify of 4, in the classes the
-pool's check allowed and with every forward the full class. Random Qwen2.5-shaped weights (a step's
+pool's check allowed and with every forward the full class; a verify's rows either copied to the
+host or, as a greedy server reads them, left on the GPU with only each session's argmax brought over. Random Qwen2.5-shaped weights (a step's
 cost does not depend on their values), 512 tokens in every session's cache. Also checks that session
 0's logits are the same bits whoever else was in its forward. docs/remote.md reports it.
 
@@ -37,11 +38,16 @@ def probe(name: str, sessions: list[int], n: int, device: str, context: int) -> 
     for lm in lms:
         lm.logits_for(ids[:CONTEXT], 1)
 
-    def step(active: list, k: int):
+    def step(active: list, k: int, greedy: bool = False):
+        """One shared forward; ``greedy``: as a greedy server reads it (rows left on the device, each
+        session's argmax taken there and its ids brought over), else every row copied to the host."""
         def run():
             for lm in active:
                 lm.crop(CONTEXT)
-            static.logits_together([(lm, ids[:CONTEXT + 1 + k], k + 1) for lm in active])
+            rows = static.logits_together([(lm, ids[:CONTEXT + 1 + k], k + 1) for lm in active], to_host=not greedy)
+            if greedy:
+                for r in rows:
+                    r.argmax(-1).tolist()
         return run
 
     first: torch.Tensor | None = None  # session 0's verify of 4, to compare across classes
@@ -50,6 +56,7 @@ def probe(name: str, sessions: list[int], n: int, device: str, context: int) -> 
         for s in sessions:
             out[f"{label}S{s}_step_ms"] = round(_ms(step(lms[:s], 0), n), 3)
             out[f"{label}S{s}_verify4_ms"] = round(_ms(step(lms[:s], 4), n), 3)
+            out[f"{label}S{s}_verify4_argmax_on_device_ms"] = round(_ms(step(lms[:s], 4, greedy=True), n), 3)
             lms[0].crop(CONTEXT)
             got = static.logits_together([(lm, ids[:CONTEXT + 5], 5) for lm in lms[:s]])[0]
             first = got if first is None else first

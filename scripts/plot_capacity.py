@@ -15,9 +15,14 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 BENCH = Path(__file__).resolve().parents[1] / "docs" / "bench"
-PANELS = (("NVIDIA H100, Qwen2.5-Coder-0.5B bf16", "2026-11-27-gpu-batch",
-           "--batch (every forward the 8-session size: before the checked sizes)"),
-          ("2 cores of an AMD EPYC, Qwen2.5-Coder-0.5B fp32", "2026-11-27-cpu-batch", "--batch"))
+# (title, [(folder, table, label)]): the GPU panel keeps the first batching run beside the later one
+PANELS = (("NVIDIA H100, Qwen2.5-Coder-0.5B bf16",
+           [("2026-11-27-gpu-batch", "capacity-one.md", "one session per forward"),
+            ("2026-11-27-gpu-batch", "capacity-batch.md", "--batch, every forward the 8-session size (first run)"),
+            ("2026-11-28-gpu-batch", "capacity-batch.md", "--batch, checked sizes, argmax on the GPU")]),
+          ("2 cores of an AMD EPYC, Qwen2.5-Coder-0.5B fp32",
+           [("2026-11-27-cpu-batch", "capacity-one.md", "one session per forward"),
+            ("2026-11-27-cpu-batch", "capacity-batch.md", "--batch")]))
 
 
 def rows(path: Path) -> list[tuple[int, float]]:
@@ -32,8 +37,8 @@ def rows(path: Path) -> list[tuple[int, float]]:
 
 def main() -> None:
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
-    for ax, (title, folder, batch_label) in zip(axes, PANELS):
-        for name, label in (("capacity-one.md", "one session per forward"), ("capacity-batch.md", batch_label)):
+    for ax, (title, series) in zip(axes, PANELS):
+        for folder, name, label in series:
             points = rows(BENCH / folder / name)
             ax.plot([c for c, _ in points], [t for _, t in points], marker="o", label=label)
         ax.set_title(title, fontsize=10)

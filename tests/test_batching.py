@@ -153,7 +153,7 @@ def test_every_stream_gets_its_own_forward_when_many_wait(sessions):
     class Engine:
         batch_sessions = sessions
 
-        def score_many(self, requests):
+        def score_many(self, requests, to_host=True):
             threading.Event().wait(0.01)
             return [t.score(ids, k) for t, ids, k in requests]
 
@@ -280,3 +280,18 @@ def test_on_a_cpu_pool_each_session_is_charged_its_rows_share_of_a_shared_forwar
     assert verify.seconds == pytest.approx(4 * step.seconds) and step.seconds + verify.seconds == pytest.approx(batcher.busy_s)
     gpu_like = TorchTarget(qwen, eager.tokenizer, static.SessionPool(pool.weights, sessions=2, max_context=200))
     assert not gpu_like.cost_by_rows  # a padded forward costs the same whatever a session reads: each pays all of it
+
+
+@pytest.mark.parametrize("rule, temperature, logprobs_k, argmax_only", [
+    ("greedy", 0.0, 0, True),
+    ("greedy", 0.0, 4, False),  # the trainer's log-probs read whole rows
+    ("text-sample", 0.7, 0, False),  # drawn with the host's per-position generators
+    ("greedy", 0.7, 0, False),  # a plain step at a temperature samples, whatever the rule's name
+])
+def test_only_greedy_steps_without_log_probs_leave_a_batched_forwards_rows_on_its_device(rule, temperature, logprobs_k,
+                                                                                         argmax_only):
+    from types import SimpleNamespace
+
+    from omnidraft.rpc.server import argmax_only as reads_argmax_only
+    config = SimpleNamespace(verify=rule, temperature=temperature, top_p=1.0, seed=0)
+    assert reads_argmax_only(config, logprobs_k) is argmax_only

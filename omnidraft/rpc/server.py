@@ -141,6 +141,7 @@ class TargetService(services.TargetServicer):
                                      top_p=float(request.top_p) or 1.0, seed=int(request.seed))
             proposed = list(request.proposed)
             logits, _ = self.batcher.score(session.target, context_ids + proposed, len(proposed))
+            logits = _readable(logits, config, request.logprobs_k)
             proposal = Proposal(proposed) if proposed else None
             accepted, nxt = decide(logits, proposal, config, step_generator(config.seed, len(context_ids)))
             emitted = proposed[:accepted] + [nxt]
@@ -188,6 +189,7 @@ class TargetService(services.TargetServicer):
                     proposed = lookup.propose(min(k_max, room))
                     chooser = lookup.plan if proposed else plan
                 logits, busy_s = self.batcher.score(session.target, ids + proposed, len(proposed))
+                logits = _readable(logits, config, r.logprobs_k)
                 accepted, nxt = decide(logits, Proposal(proposed) if proposed else None, config,
                                        step_generator(config.seed, len(ids)))
                 busy_ms = busy_s * 1000
@@ -381,7 +383,9 @@ class Batcher:
 
     def score(self, target: Any, ids: list[int], num_proposed: int) -> tuple[torch.Tensor, float]:
         """``target.score(ids, num_proposed)``, possibly in a forward shared with other sessions; and
-        the seconds of the forward (of this session's rows' share of it, where rows cost)."""
+        the seconds of the forward (of this session's rows' share of it, where rows cost). A shared
+        forward's rows stay on the engine's device: :func:`_readable` brings them to the host when
+        the rule needs more than their argmax."""
         job = _Job(target, ids, num_proposed)
         with self.cond:
             self.queue.append(job)
@@ -405,7 +409,8 @@ class Batcher:
         if self.sessions > 1:
             by_rows = getattr(self.target, "cost_by_rows", False)
             rows = [j.target.rows_to_read(j.ids, j.num_proposed) for j in jobs] if by_rows else None
-            self._timed(jobs, lambda: self.target.score_many([(j.target, j.ids, j.num_proposed) for j in jobs]), rows)
+            self._timed(jobs, lambda: self.target.score_many([(j.target, j.ids, j.num_proposed) for j in jobs],
+                                                             to_host=False), rows)
         else:
             for j in jobs:
                 self._timed([j], lambda: [j.target.score(j.ids, j.num_proposed)])
@@ -618,6 +623,18 @@ def _handlers(service: TargetService) -> grpc.GenericRpcHandler:
     table["Decode"] = grpc.stream_stream_rpc_method_handler(  # each message is checked as the stream reads it
         service.Decode, request_deserializer=_lenient(pb.DecodeUp), response_serializer=pb.Emitted.SerializeToString)
     return grpc.method_handlers_generic_handler(SERVICE_NAME, table)
+
+
+def _readable(logits: torch.Tensor, config: SimpleNamespace, logprobs_k: int) -> torch.Tensor:
+    """The rows where the rule can read them: greedy without log-probs needs only each row's argmax,
+    taken on the device that computed them (a few ids cross to the host instead of vocabulary-wide
+    rows); sampling (drawn with the host's per-position generators) and log-probs read them here."""
+    return logits if logits.device.type == "cpu" or argmax_only(config, logprobs_k) else logits.cpu()
+
+
+def argmax_only(config: SimpleNamespace, logprobs_k: int) -> bool:
+    """Whether a step reads nothing of its rows but their argmax (the greedy rule, no log-probs)."""
+    return config.verify == "greedy" and config.temperature <= 0 and not logprobs_k
 
 
 def _rows(logits: torch.Tensor, emitted: list[int], columns: torch.Tensor, k: int) -> list:

@@ -521,9 +521,12 @@ class StaticLM:
 
 
 @torch.inference_mode()
-def logits_together(requests: Sequence[tuple[StaticLM, Sequence[int], int]]) -> list[torch.Tensor]:
+def logits_together(requests: Sequence[tuple[StaticLM, Sequence[int], int]],
+                    to_host: bool = True) -> list[torch.Tensor]:
     """``logits_for`` of several sessions of one pool, (session, ids, keep) each: every prompt read
-    on its own, then every session's decode-class tokens in the same forwards."""
+    on its own, then every session's decode-class tokens in the same forwards. ``to_host`` False:
+    the rows stay where the pool computed them, for a caller that needs only each row's argmax
+    (a greedy server: a vocabulary-wide row per token is the largest copy off a GPU)."""
     pools = {id(lm.pool) for lm, _, _ in requests}
     if len(pools) != 1 or len({lm.slot for lm, _, _ in requests}) != len(requests):
         raise ValueError("logits_together reads distinct sessions of one pool")
@@ -533,5 +536,9 @@ def logits_together(requests: Sequence[tuple[StaticLM, Sequence[int], int]]) -> 
                        requests[0][0].pool.read_decode([(lm, begun[i][1]) for i, lm in decoding]) if decoding else []))
     kept = [torch.cat([r for r in (begun[i][0], decoded.get(i)) if r is not None])[-keep:]
             for i, (_, _, keep) in enumerate(requests)]
-    together = torch.cat(kept).float().cpu()  # one copy to the host for every session (one wait on the GPU)
+    together = torch.cat(kept).float()
+    if to_host:
+        together = together.cpu()  # one copy to the host for every session (one wait on the GPU)
+    elif together.is_cuda:  # the forward is done when this returns: callers time it (the server's budget)
+        torch.cuda.current_stream(together.device).synchronize()
     return list(together.split([len(rows) for rows in kept]))

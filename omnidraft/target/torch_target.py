@@ -48,11 +48,13 @@ class TorchTarget:
         """Rows this session's next ``score(ids, num_proposed)`` reads (what its cache lacks)."""
         return max(len(ids) - common_prefix_len(self.lm.cached_ids, ids), num_proposed + 1)
 
-    def score_many(self, requests: Sequence[tuple[TorchTarget, Sequence[int], int]]) -> list[torch.Tensor]:
+    def score_many(self, requests: Sequence[tuple[TorchTarget, Sequence[int], int]],
+                   to_host: bool = True) -> list[torch.Tensor]:
         """``score`` of several of this target's sessions, (session, ids, num_proposed) each: on a
-        session pool in shared forwards, else one after another."""
+        session pool in shared forwards, else one after another. ``to_host`` False: a GPU pool's
+        rows stay on the GPU (``static.logits_together``)."""
         if self.batch_sessions > 1:
-            return static.logits_together([(t.lm, ids, k + 1) for t, ids, k in requests])
+            return static.logits_together([(t.lm, ids, k + 1) for t, ids, k in requests], to_host)
         return [t.score(ids, k) for t, ids, k in requests]
 
     def session(self) -> TorchTarget:
