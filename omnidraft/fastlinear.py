@@ -134,9 +134,16 @@ def _kernels_by_name() -> dict[str, Kernel]:
     return {k.__name__: k for k in (_f_linear, _weights_first, _transposed, _two_rows, *_NATIVE, _native_512)}
 
 
+def _key(weight_shape: torch.Size, rows: int, dtype: torch.dtype, has_t: bool) -> tuple:
+    """What a choice depends on within one machine: the product's shape and dtype, and the threads it
+    runs on (a server pinned to one core and a two-thread bench of the same home pick different
+    kernels: a multi-row product that splits well over two threads can lose on one)."""
+    return (*weight_shape, rows, dtype, has_t, torch.get_num_threads())
+
+
 def _key_text(key: tuple) -> str:
-    out, inp, rows, dtype, has_t = key
-    return f"{out},{inp},{rows},{str(dtype).removeprefix('torch.')},{int(has_t)}"
+    out, inp, rows, dtype, has_t, threads = key
+    return f"{out},{inp},{rows},{str(dtype).removeprefix('torch.')},{int(has_t)},{threads}"
 
 
 def keep_choices_at(path, machine: str) -> None:
@@ -157,8 +164,8 @@ def keep_choices_at(path, machine: str) -> None:
     names = _kernels_by_name()
     for text, name in doc["choices"].items():
         try:
-            out, inp, rows, dtype, has_t = str(text).split(",")
-            key = (int(out), int(inp), int(rows), getattr(torch, dtype), bool(int(has_t)))
+            out, inp, rows, dtype, has_t, threads = str(text).split(",")
+            key = (int(out), int(inp), int(rows), getattr(torch, dtype), bool(int(has_t)), int(threads))
         except (ValueError, AttributeError):
             continue
         kernel = names.get(name)
@@ -186,7 +193,7 @@ def _choose(layer: torch.nn.Linear, flat: torch.Tensor) -> Kernel:
     weights cold (best of 3 after a warm-up; tens of ms per shape, paid on the first verify of each
     draft length, or in ``warm_up``)."""
     has_t = _transposed_weight(layer) is not None
-    key = (*layer.weight.shape, flat.shape[0], flat.dtype, has_t)
+    key = _key(layer.weight.shape, flat.shape[0], flat.dtype, has_t)
     kernel = _CHOICE.get(key)
     if kernel is None:
         candidates = _candidates(layer, flat, has_t)

@@ -46,7 +46,7 @@ def test_fast_path_is_scoped_to_enabled():
     weight = model.head.weight
     model.head._omnidraft_wt = torch.zeros(32, 50)  # make the fast path visible (a copy it takes as current)
     model.head._omnidraft_wt_key = (weight.data_ptr(), weight.dtype, weight._version)
-    fastlinear._CHOICE[(50, 32, 1, torch.float32, True)] = fastlinear._transposed  # as if it had timed fastest
+    fastlinear._CHOICE[fastlinear._key((50, 32), 1, torch.float32, True)] = fastlinear._transposed  # as if it had timed fastest
     x = torch.randn(1, 1, 16)
     calls.append(bool(model(x).abs().sum() > 0))
     with fastlinear.enabled():
@@ -69,7 +69,7 @@ def test_every_candidate_kernel_computes_f_linear_and_the_choice_is_kept(rows):
         torch.testing.assert_close(kernel(model.head, model.head.weight, x), expected, rtol=1e-5, atol=1e-5)
         assert kernel(model.head, model.head.weight, x).shape == expected.shape
     chosen = fastlinear._choose(model.head, x)
-    assert fastlinear._choose(model.head, x) is chosen is fastlinear._CHOICE[(50, 32, rows, torch.float32, True)]
+    assert fastlinear._choose(model.head, x) is chosen is fastlinear._CHOICE[fastlinear._key((50, 32), rows, torch.float32, True)]
 
 
 def test_kernel_choices_are_kept_per_machine_for_the_next_process(tmp_path, monkeypatch):
@@ -93,6 +93,30 @@ def test_kernel_choices_are_kept_per_machine_for_the_next_process(tmp_path, monk
     fastlinear.keep_choices_at(path, "cpu B")
     fastlinear._choose(model.head, torch.randn(3, 32))
     assert len(timed) == 2 and "cpu B" in path.read_text()
+
+
+def test_a_choice_is_per_thread_count_and_both_are_kept(tmp_path, monkeypatch):
+    """A server pinned to one core must not reuse the kernels a two-thread run timed fastest."""
+    monkeypatch.setattr(fastlinear, "_CHOICE", {})
+    monkeypatch.setattr(fastlinear, "_kept", {})
+    path = tmp_path / "kernels.json"
+    fastlinear.keep_choices_at(path, "cpu A")
+    model = fastlinear.install(Tiny(), transposed_head=True)
+    picks = {1: fastlinear._f_linear, 2: fastlinear._weights_first}
+    before = torch.get_num_threads()
+    try:
+        for threads, kernel in picks.items():
+            torch.set_num_threads(threads)
+            monkeypatch.setattr(fastlinear, "_candidates", lambda *a, k=kernel: [k])
+            assert fastlinear._choose(model.head, torch.randn(3, 32)) is kernel
+        fastlinear._CHOICE.clear()
+        fastlinear.keep_choices_at(path, "cpu A")  # the next process: both come back, each for its threads
+        monkeypatch.setattr(fastlinear, "_candidates", lambda *a: pytest.fail("timed again"))
+        for threads, kernel in picks.items():
+            torch.set_num_threads(threads)
+            assert fastlinear._choose(model.head, torch.randn(3, 32)) is kernel
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_the_transposed_copy_follows_a_changed_weight():
