@@ -8,7 +8,7 @@ row once for up to 8 input rows, and a row's result is bit-identical whatever th
 ``fastlinear`` offers it as one more candidate and keeps it only where it times fastest.
 
 ``linear_rows_512(x, w)``: the same product with AVX-512 registers where the CPU has them
-(``skinny512.cpp``, the same bits), faster for long rows at 4-16 rows; ``fastlinear`` times it too.
+(``skinny512.cpp``, the same bits), up to 8 rows per pass over the weights; ``fastlinear`` times it too.
 
 ``qdraft()``: a llama-architecture drafter's whole forward on its GGUF blocks in one call
 (``qdraft.cpp``; the ``native`` drafter backend, ``drafter/native_lm.py``).

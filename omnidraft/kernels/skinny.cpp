@@ -19,6 +19,7 @@ static inline void run(const float* x, const float* w, float* y, int64_t n_in, i
   int64_t i = 0;
   for (; i + 16 <= n_in; i += 16) {
     _Pragma("GCC unroll 4") for (int a = 0; a < J; ++a) {
+      prefetch_next_tile<J>(w, a, n_in, i);
       const __m256 w0 = _mm256_loadu_ps(w + a * n_in + i), w1 = _mm256_loadu_ps(w + a * n_in + i + 8);
       _Pragma("GCC unroll 4") for (int m = 0; m < M; ++m) {
         a0[a][m] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + m * n_in + i), a0[a][m]);
@@ -56,7 +57,7 @@ static void dispatch(bool tiled, int64_t m, const float* x, const float* w, floa
 
 // x: [rows, in], w: [out, in] -> [rows, out]; tiled: the layout. Chunks of 8 weight rows stay in L1/L2.
 torch::Tensor linear_rows(torch::Tensor x, torch::Tensor w, bool tiled) {
-  return rows_product(x, w, 8, [tiled](int64_t m, const float* xp, const float* wp, float* yp, int64_t n_in,
+  return rows_product<4>(x, w, 8, [tiled](int64_t m, const float* xp, const float* wp, float* yp, int64_t n_in,
                                        int64_t c0, int64_t c1, int64_t n_out) {
     dispatch(tiled, m, xp, wp, yp, n_in, c0, c1, n_out);
   });

@@ -2,8 +2,10 @@
 //
 // Why: on a CPU with AVX-512 there are 32 vector registers, so a tile can hold 4 weight rows by 4
 // input rows (16 accumulators) where the AVX2 kernel holds one weight row by 4: each input load
-// serves 4 weight rows. Products with long rows (an MLP's down projection) were compute-bound at
-// 4-16 rows with AVX2 and run ~1.5x faster here; fastlinear times both and keeps the faster per shape.
+// serves 4 weight rows; and up to 8 input rows pass over the weights at once (AVX2: 4), so a verify
+// of up to 7 proposals reads the weights once. With the next tile requested ahead
+// (prefetch_next_tile), a product of 1.5B-sized weights for 8 rows costs ~1.04x one row's on two
+// cores of an AMD EPYC (docs/performance.md). fastlinear times both builds and keeps the faster per shape.
 //
 // Same bits: skinny.cpp accumulates each output in two 8-lane registers (the first and second 8 of
 // every 16 inputs), adds them, sums the 8 lanes in a fixed order and adds a scalar tail. A 16-lane
@@ -23,6 +25,7 @@ static inline void run(const float* x, const float* w, float* y, int64_t n_in, i
     __m512 xv[M];
     _Pragma("GCC unroll 8") for (int m = 0; m < M; ++m) xv[m] = _mm512_loadu_ps(x + m * n_in + i);
     _Pragma("GCC unroll 8") for (int a = 0; a < J; ++a) {
+      prefetch_next_tile<J>(w, a, n_in, i);
       const __m512 wv = _mm512_loadu_ps(w + a * n_in + i);
       _Pragma("GCC unroll 8") for (int m = 0; m < M; ++m) acc[a][m] = _mm512_fmadd_ps(wv, xv[m], acc[a][m]);
     }
@@ -46,18 +49,23 @@ static inline void run(const float* x, const float* w, float* y, int64_t n_in, i
 }
 };
 
-// J * M <= 16 accumulators, so inputs and a weight vector fit beside them in 32 registers
+// J * M <= 16 accumulators, so inputs and a weight vector fit beside them in 32 registers; up to 8
+// input rows in one pass over the weights (a verify of up to 7 proposals reads them once)
 static void dispatch(int64_t m, const float* x, const float* w, float* y, int64_t n_in, int64_t j0, int64_t j1,
                      int64_t n_out) {
   switch (m) {
     case 1: span<Tile, 1, 8>(x, w, y, n_in, j0, j1, n_out); break;
     case 2: span<Tile, 2, 8>(x, w, y, n_in, j0, j1, n_out); break;
     case 3: span<Tile, 3, 4>(x, w, y, n_in, j0, j1, n_out); break;
-    default: span<Tile, 4, 4>(x, w, y, n_in, j0, j1, n_out); break;
+    case 4: span<Tile, 4, 4>(x, w, y, n_in, j0, j1, n_out); break;
+    case 5: span<Tile, 5, 3>(x, w, y, n_in, j0, j1, n_out); break;
+    case 6: span<Tile, 6, 2>(x, w, y, n_in, j0, j1, n_out); break;
+    case 7: span<Tile, 7, 2>(x, w, y, n_in, j0, j1, n_out); break;
+    default: span<Tile, 8, 2>(x, w, y, n_in, j0, j1, n_out); break;
   }
 }
 
 // x: [rows, in], w: [out, in] -> [rows, out]; 32 weight rows at a time pass under each block of inputs
-torch::Tensor linear_rows(torch::Tensor x, torch::Tensor w) { return rows_product(x, w, 32, dispatch); }
+torch::Tensor linear_rows(torch::Tensor x, torch::Tensor w) { return rows_product<8>(x, w, 32, dispatch); }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("linear_rows", &linear_rows, "one-pass skinny fp32 linear, AVX-512"); }

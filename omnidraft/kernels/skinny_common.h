@@ -14,6 +14,16 @@ static inline float hsum8(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
+// While a tile multiplies its J weight rows, ask for the next tile's rows (the same offset J rows on,
+// into L2). With several input rows a tile spends long enough on its FMAs that the hardware
+// prefetcher alone let the memory stream stall: a product cost the weight read plus the arithmetic,
+// where it can cost the larger of the two. One request per 64-byte line (each caller moves 16 floats
+// per step); a request past the weights' end is a hint that never faults. It changes no arithmetic.
+template <int J>
+static inline void prefetch_next_tile(const float* w, int64_t a, int64_t n_in, int64_t i) {
+  _mm_prefetch(reinterpret_cast<const char*>(w + (a + J) * n_in + i), _MM_HINT_T1);
+}
+
 // One output from its two 8-lane accumulators (inputs 0-7 and 8-15 of every 16) and the scalar tail
 // of inputs [i, n_in): the order every build sums in, so a row's result has the same bits in each.
 static inline float finish(__m256 lo, __m256 hi, const float* wr, const float* xr, int64_t i, int64_t n_in) {
@@ -22,8 +32,8 @@ static inline float finish(__m256 lo, __m256 hi, const float* wr, const float* x
   return r;
 }
 
-// Output columns [j0, j1) for M <= 4 input rows: Tile<M, J>::run over J weight rows at a time, then
-// one at a time.
+// Output columns [j0, j1) for M input rows: Tile<M, J>::run over J weight rows at a time, then one at
+// a time.
 template <template <int, int> class Tile, int M, int J>
 static void span(const float* x, const float* w, float* y, int64_t n_in, int64_t j0, int64_t j1, int64_t n_out) {
   int64_t j = j0;
@@ -32,10 +42,10 @@ static void span(const float* x, const float* w, float* y, int64_t n_in, int64_t
 }
 
 // x: [rows, in], w: [out, in], both contiguous float32 on the CPU -> [rows, out]. Each thread takes a
-// range of weight rows, `chunk` at a time, over which every block of 4 input rows passes while they are
+// range of weight rows, `chunk` at a time, over which every block of B input rows passes while they are
 // in cache: the weights come from memory once. tiles(m, x, w, y, n_in, c0, c1, n_out) computes columns
-// [c0, c1) for m <= 4 input rows.
-template <class Tiles>
+// [c0, c1) for m <= B input rows.
+template <int B, class Tiles>
 torch::Tensor rows_product(torch::Tensor x, torch::Tensor w, int64_t chunk, Tiles tiles) {
   TORCH_CHECK(x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1), "x [rows, in] and w [out, in]");
   TORCH_CHECK(x.scalar_type() == torch::kFloat && w.scalar_type() == torch::kFloat, "float32 only");
@@ -49,8 +59,8 @@ torch::Tensor rows_product(torch::Tensor x, torch::Tensor w, int64_t chunk, Tile
   at::parallel_for(0, n_out, 16, [&](int64_t j0, int64_t j1) {
     for (int64_t c0 = j0; c0 < j1; c0 += chunk) {
       const int64_t c1 = std::min<int64_t>(j1, c0 + chunk);
-      for (int64_t r0 = 0; r0 < rows; r0 += 4)
-        tiles(std::min<int64_t>(4, rows - r0), xp + r0 * n_in, wp, yp + r0 * n_out, n_in, c0, c1, n_out);
+      for (int64_t r0 = 0; r0 < rows; r0 += B)
+        tiles(std::min<int64_t>(B, rows - r0), xp + r0 * n_in, wp, yp + r0 * n_out, n_in, c0, c1, n_out);
     }
   });
   return y;
