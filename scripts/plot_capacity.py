@@ -19,7 +19,7 @@ BENCH = Path(__file__).resolve().parents[1] / "docs" / "bench"
 PANELS = (("NVIDIA H100, Qwen2.5-Coder-0.5B bf16",
            [("2026-11-27-gpu-batch", "capacity-one.md", "one session per forward"),
             ("2026-11-27-gpu-batch", "capacity-batch.md", "--batch, every forward the 8-session size (first run)"),
-            ("2026-11-28-gpu-batch", "capacity-batch.md", "--batch, checked sizes, argmax on the GPU")]),
+            ("2026-11-27-gpu-batch-sizes", "capacity-batch.md", "--batch, checked sizes, argmax on the GPU")]),
           ("2 cores of an AMD EPYC, Qwen2.5-Coder-0.5B fp32",
            [("2026-11-27-cpu-batch", "capacity-one.md", "one session per forward"),
             ("2026-11-27-cpu-batch", "capacity-batch.md", "--batch")]))

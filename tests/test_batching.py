@@ -277,6 +277,7 @@ def test_on_a_cpu_pool_each_session_is_charged_its_rows_share_of_a_shared_forwar
     step, verify = _Job(a, _ids(1, 20) + [5], 0), _Job(b, _ids(2, 20) + [6, 7, 8, 9], 3)  # 1 row and 4 rows
     batcher._run([step, verify])
     assert target.cost_by_rows and batcher.forwards == 1
+    # one forward seen: no fit yet, so each pays its rows' share
     assert verify.seconds == pytest.approx(4 * step.seconds) and step.seconds + verify.seconds == pytest.approx(batcher.busy_s)
     gpu_like = TorchTarget(qwen, eager.tokenizer, static.SessionPool(pool.weights, sessions=2, max_context=200))
     assert not gpu_like.cost_by_rows  # a padded forward costs the same whatever a session reads: each pays all of it
@@ -295,3 +296,23 @@ def test_only_greedy_steps_without_log_probs_leave_a_batched_forwards_rows_on_it
     from omnidraft.rpc.server import argmax_only as reads_argmax_only
     config = SimpleNamespace(verify=rule, temperature=temperature, top_p=1.0, seed=0)
     assert reads_argmax_only(config, logprobs_k) is argmax_only
+
+
+def test_row_costs_charge_a_fixed_part_equally_and_each_row_at_its_fitted_price():
+    """Where extra rows are nearly free (a one-pass kernel), a session's verify must not be charged a
+    rows' share of the whole forward, or the proposal budget stops verifying on a busy server."""
+    from omnidraft.rpc.server import RowCosts
+
+    costs = RowCosts()
+    assert costs.split(1.0, [1, 3]) == pytest.approx([0.25, 0.75])  # nothing seen: the rows' share
+    for rows in (8, 12, 16, 24, 8, 16):  # 100 ms fixed + 2 ms per row
+        costs.observe(rows, 0.100 + 0.002 * rows)
+    fixed, per_row = costs.fit()
+    assert fixed == pytest.approx(0.100) and per_row == pytest.approx(0.002)
+    shares = costs.split(0.100 + 0.002 * 11, [1, 1, 1, 1, 1, 1, 5])  # six plain steps and a verify of 4
+    assert sum(shares) == pytest.approx(0.122)
+    assert shares[-1] - shares[0] == pytest.approx(4 * 0.002)  # the verify pays for its 4 extra rows only
+    flat = RowCosts()
+    for rows in (8, 8, 8):
+        flat.observe(rows, 0.1)
+    assert flat.fit() is None and flat.split(0.1, [1, 3]) == pytest.approx([0.025, 0.075])  # no spread: rows' share

@@ -367,6 +367,7 @@ class Batcher:
         self.streams = 0  # Generate and Decode loops running
         self.forwards, self.busy_s, self.emitted = 0, 0.0, 0
         self.last_forward_s = 0.0
+        self.row_costs = RowCosts()
 
     def join(self) -> None:
         with self.cond:
@@ -417,8 +418,8 @@ class Batcher:
 
     def _timed(self, jobs: list[_Job], forward, rows: list[int] | None = None) -> None:
         """One forward for ``jobs``; its logits, its time, or its failure go to each of them. With
-        ``rows`` (a forward that costs by its rows) each job's time is its rows' share, so a session's
-        verify looks as dear to the proposal budget as it is to the server."""
+        ``rows`` (a forward that costs by its rows) each job's time is its share by :class:`RowCosts`,
+        so a session's verify looks as dear to the proposal budget as it is to the server."""
         start = time.perf_counter()
         try:
             results = forward()
@@ -427,13 +428,55 @@ class Batcher:
                 j.error = exc
             return
         seconds = time.perf_counter() - start
-        shares = [seconds * r / sum(rows) for r in rows] if rows else [seconds] * len(jobs)
+        if rows and all(r == j.num_proposed + 1 for r, j in zip(rows, jobs)):  # decode rows only: a prompt read costs otherwise
+            self.row_costs.observe(sum(rows), seconds)
+        shares = self.row_costs.split(seconds, rows) if rows else [seconds] * len(jobs)
         for j, logits, share in zip(jobs, results, shares):
             j.logits, j.seconds = logits, share
         with self.cond:
             self.forwards += 1
             self.busy_s += seconds
             self.last_forward_s = seconds
+
+
+class RowCosts:
+    """How a shared forward's time splits among its sessions by the rows each read: a fixed part that
+    every session shares equally and a per-row part each pays for its own rows, fitted by least
+    squares (exponentially weighted) to the forwards' total rows and times. Where rows are nearly free
+    (a one-pass kernel that reads the weights once for several rows) a session's extra verify rows
+    then cost it about what they cost the server, not a share of the whole forward; where rows cost
+    in proportion (no fixed part) this is the rows' share. Until the forwards seen differ in rows,
+    it is the rows' share."""
+
+    DECAY = 0.98  # per forward: the fit follows the server's recent load and context lengths
+
+    def __init__(self) -> None:
+        self.n = self.sx = self.sy = self.sxx = self.sxy = 0.0
+
+    def observe(self, rows: int, seconds: float) -> None:
+        d = self.DECAY
+        self.n, self.sx, self.sy = d * self.n + 1, d * self.sx + rows, d * self.sy + seconds
+        self.sxx, self.sxy = d * self.sxx + rows * rows, d * self.sxy + rows * seconds
+
+    def fit(self) -> tuple[float, float] | None:
+        """(fixed seconds, seconds per row), or None while the rows seen barely differ."""
+        spread = self.n * self.sxx - self.sx * self.sx
+        if self.n < 2 or spread <= 1e-9 * max(self.n * self.sxx, 1.0):
+            return None
+        per_row = (self.n * self.sxy - self.sx * self.sy) / spread
+        fixed = (self.sy - per_row * self.sx) / self.n
+        if per_row <= 0.0:
+            return None
+        return max(fixed, 0.0), per_row
+
+    def split(self, seconds: float, rows: list[int]) -> list[float]:
+        """Each session's share of a forward of ``seconds`` that read ``rows`` (one count per session);
+        the shares add up to ``seconds``."""
+        fitted = self.fit()
+        fixed, per_row = fitted if fitted is not None else (0.0, 1.0)
+        parts = [fixed / len(rows) + per_row * r for r in rows]
+        total = sum(parts)
+        return [seconds * p / total for p in parts]
 
 
 class ProposalBudget:
