@@ -300,19 +300,22 @@ def test_only_greedy_steps_without_log_probs_leave_a_batched_forwards_rows_on_it
 
 def test_row_costs_charge_a_fixed_part_equally_and_each_row_at_its_fitted_price():
     """Where extra rows are nearly free (a one-pass kernel), a session's verify must not be charged a
-    rows' share of the whole forward, or the proposal budget stops verifying on a busy server."""
+    rows' share of the whole forward, nor a plain step more for falling in a half-empty forward, or
+    the proposal budget stops verifying on a busy server."""
     from omnidraft.rpc.server import RowCosts
 
     costs = RowCosts()
     assert costs.split(1.0, [1, 3]) == pytest.approx([0.25, 0.75])  # nothing seen: the rows' share
-    for rows in (8, 12, 16, 24, 8, 16):  # 100 ms fixed + 2 ms per row
-        costs.observe(rows, 0.100 + 0.002 * rows)
+    for sessions, rows in ((8, 8), (4, 12), (8, 16), (8, 24), (8, 8), (4, 16)):  # 100 ms fixed + 2 ms per row
+        costs.observe(rows, 0.100 + 0.002 * rows, sessions)
     fixed, per_row = costs.fit()
     assert fixed == pytest.approx(0.100) and per_row == pytest.approx(0.002)
-    shares = costs.split(0.100 + 0.002 * 11, [1, 1, 1, 1, 1, 1, 5])  # six plain steps and a verify of 4
-    assert sum(shares) == pytest.approx(0.122)
-    assert shares[-1] - shares[0] == pytest.approx(4 * 0.002)  # the verify pays for its 4 extra rows only
+    usual = (8 * 0.98**5 + 4 * 0.98**4 + 8 * 0.98**3 + 8 * 0.98**2 + 8 * 0.98 + 4) / sum(0.98**i for i in range(6))
+    full = costs.split(0.122, [1, 1, 1, 1, 1, 1, 5])  # six plain steps and a verify of 4
+    assert full[-1] - full[0] == pytest.approx(4 * 0.002)  # the verify pays for its 4 extra rows only
+    assert full[0] == pytest.approx(0.100 / usual + 0.002)
+    assert costs.split(0.104, [1, 1])[0] == pytest.approx(full[0])  # a plain step costs the same in a half-empty forward
     flat = RowCosts()
     for rows in (8, 8, 8):
-        flat.observe(rows, 0.1)
+        flat.observe(rows, 0.1, 8)
     assert flat.fit() is None and flat.split(0.1, [1, 3]) == pytest.approx([0.025, 0.075])  # no spread: rows' share

@@ -429,7 +429,7 @@ class Batcher:
             return
         seconds = time.perf_counter() - start
         if rows and all(r == j.num_proposed + 1 for r, j in zip(rows, jobs)):  # decode rows only: a prompt read costs otherwise
-            self.row_costs.observe(sum(rows), seconds)
+            self.row_costs.observe(sum(rows), seconds, len(rows))
         shares = self.row_costs.split(seconds, rows) if rows else [seconds] * len(jobs)
         for j, logits, share in zip(jobs, results, shares):
             j.logits, j.seconds = logits, share
@@ -440,43 +440,42 @@ class Batcher:
 
 
 class RowCosts:
-    """How a shared forward's time splits among its sessions by the rows each read: a fixed part that
-    every session shares equally and a per-row part each pays for its own rows, fitted by least
-    squares (exponentially weighted) to the forwards' total rows and times. Where rows are nearly free
-    (a one-pass kernel that reads the weights once for several rows) a session's extra verify rows
-    then cost it about what they cost the server, not a share of the whole forward; where rows cost
-    in proportion (no fixed part) this is the rows' share. Until the forwards seen differ in rows,
-    it is the rows' share."""
+    """What each session of a shared forward is charged, by the rows it read: an equal part of the
+    forward's fixed time and a per-row price for each of its rows, both fitted by least squares
+    (exponentially weighted) to the decode forwards' total rows and times, the fixed part divided by
+    the usual number of sessions per forward. Where rows are nearly free (a one-pass kernel that reads
+    the weights once for several rows) a session's verify rows then cost it about what they cost the
+    server; and a plain step costs the same whether the forward it fell in was full or not (a charge
+    that followed each forward's session count made the budget's V(k) noise: an exploration in a
+    half-empty forward looked twice as dear). Until the forwards seen differ in rows, each session
+    pays its rows' share of the forward."""
 
     DECAY = 0.98  # per forward: the fit follows the server's recent load and context lengths
 
     def __init__(self) -> None:
-        self.n = self.sx = self.sy = self.sxx = self.sxy = 0.0
+        self.n = self.sx = self.sy = self.sxx = self.sxy = self.ss = 0.0
 
-    def observe(self, rows: int, seconds: float) -> None:
+    def observe(self, rows: int, seconds: float, sessions: int) -> None:
         d = self.DECAY
         self.n, self.sx, self.sy = d * self.n + 1, d * self.sx + rows, d * self.sy + seconds
-        self.sxx, self.sxy = d * self.sxx + rows * rows, d * self.sxy + rows * seconds
+        self.sxx, self.sxy, self.ss = d * self.sxx + rows * rows, d * self.sxy + rows * seconds, d * self.ss + sessions
 
     def fit(self) -> tuple[float, float] | None:
         """(fixed seconds, seconds per row), or None while the rows seen barely differ."""
         spread = self.n * self.sxx - self.sx * self.sx
         if self.n < 2 or spread <= 1e-9 * max(self.n * self.sxx, 1.0):
             return None
-        per_row = (self.n * self.sxy - self.sx * self.sy) / spread
-        fixed = (self.sy - per_row * self.sx) / self.n
-        if per_row <= 0.0:
-            return None
-        return max(fixed, 0.0), per_row
+        per_row = max((self.n * self.sxy - self.sx * self.sy) / spread, 0.0)
+        return max((self.sy - per_row * self.sx) / self.n, 0.0), per_row
 
     def split(self, seconds: float, rows: list[int]) -> list[float]:
-        """Each session's share of a forward of ``seconds`` that read ``rows`` (one count per session);
-        the shares add up to ``seconds``."""
+        """Each session's charge for a forward of ``seconds`` that read ``rows`` (one count per session)."""
         fitted = self.fit()
-        fixed, per_row = fitted if fitted is not None else (0.0, 1.0)
-        parts = [fixed / len(rows) + per_row * r for r in rows]
-        total = sum(parts)
-        return [seconds * p / total for p in parts]
+        if fitted is None:
+            return [seconds * r / sum(rows) for r in rows]
+        fixed, per_row = fitted
+        usual = self.ss / self.n  # sessions per decode forward, recently
+        return [fixed / usual + per_row * r for r in rows]
 
 
 class ProposalBudget:
