@@ -1,8 +1,9 @@
 """What a batching server's forward costs on the GPU engine (``serve --batch``): one forward of S
 sessions of a ``SessionPool``, every session doing a plain step or a verify of 4, in the classes the
 pool's check allowed and with every forward the full class; a verify's rows either copied to the
-host or, as a greedy server reads them, left on the GPU with only each session's argmax brought over. Random Qwen2.5-shaped weights (a step's
-cost does not depend on their values), 512 tokens in every session's cache. Also checks that session
+host or, as a greedy server reads them, left on the GPU with only each session's argmax brought
+over. Random Qwen2.5-shaped weights (a step's cost does not depend on their values), 512 tokens in
+every session's cache. Also checks that session
 0's logits are the same bits whoever else was in its forward. docs/remote.md reports it.
 
     python scripts/gpu_batch_probe.py --models qwen2.5-0.5b,qwen2.5-7b --sessions 1,2,4,8 --json out.json

@@ -384,7 +384,7 @@ class Batcher:
 
     def score(self, target: Any, ids: list[int], num_proposed: int) -> tuple[torch.Tensor, float]:
         """``target.score(ids, num_proposed)``, possibly in a forward shared with other sessions; and
-        the seconds of the forward (of this session's rows' share of it, where rows cost). A shared
+        the seconds of the forward (this session's charge for it, where rows cost: :class:`RowCosts`). A shared
         forward's rows stay on the engine's device: :func:`_readable` brings them to the host when
         the rule needs more than their argmax."""
         job = _Job(target, ids, num_proposed)
@@ -428,7 +428,8 @@ class Batcher:
                 j.error = exc
             return
         seconds = time.perf_counter() - start
-        if rows and all(r == j.num_proposed + 1 for r, j in zip(rows, jobs)):  # decode rows only: a prompt read costs otherwise
+        # the fit learns from decode rows only: a prompt is read on its own, at another price per row
+        if rows and all(r == j.num_proposed + 1 for r, j in zip(rows, jobs)):
             self.row_costs.observe(sum(rows), seconds, len(rows))
         shares = self.row_costs.split(seconds, rows) if rows else [seconds] * len(jobs)
         for j, logits, share in zip(jobs, results, shares):
