@@ -315,7 +315,26 @@ def test_row_costs_charge_a_fixed_part_equally_and_each_row_at_its_fitted_price(
     assert full[-1] - full[0] == pytest.approx(4 * 0.002)  # the verify pays for its 4 extra rows only
     assert full[0] == pytest.approx(0.100 / usual + 0.002)
     assert costs.split(0.104, [1, 1])[0] == pytest.approx(full[0])  # a plain step costs the same in a half-empty forward
+    cost = costs.verify_cost()  # what the proposal budget prices a verify of k at
+    assert cost(4) - cost(0) == pytest.approx(4 * 0.002) and cost(0) == pytest.approx(full[0])
     flat = RowCosts()
     for rows in (8, 8, 8):
         flat.observe(rows, 0.1, 8)
     assert flat.fit() is None and flat.split(0.1, [1, 3]) == pytest.approx([0.025, 0.075])  # no spread: rows' share
+
+
+def test_a_cpu_pools_budget_prices_verifies_by_the_fitted_rows_not_by_stale_charges():
+    """A verify charged while one session ran (the whole forward) must not keep verifies priced at a
+    full forward once eight sessions share each one: the budget then never verifies again."""
+    from omnidraft.rpc.server import ProposalBudget, RowCosts
+
+    costs = RowCosts()
+    budget = ProposalBudget(costs)
+    budget.observe(0, 0.100)
+    budget.observe(1, 0.100)  # a verify timed when it had the forward to itself
+    for _ in range(50):
+        budget.observe(0, 0.0135)  # later: plain steps in forwards of eight sessions
+    assert budget.best(0.7, 4) == 0  # from that table alone a verify looks 7x a plain step
+    for sessions, rows in ((8, 8), (8, 9), (8, 12), (7, 7), (8, 10)):  # 100 ms fixed + 1 ms per row
+        costs.observe(rows, 0.100 + 0.001 * rows, sessions)
+    assert budget.best(0.7, 4) == 4  # priced by the fit: an extra row costs 1 ms against a ~13.5 ms plain step

@@ -27,6 +27,7 @@ import threading
 import time
 import zipfile
 from collections import OrderedDict
+from collections.abc import Callable
 from concurrent import futures
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -93,7 +94,7 @@ class TargetService(services.TargetServicer):
         self.tokenizer_sha256 = hashlib.sha256(self.tokenizer_zip).hexdigest()
         self.mask_bytes = (target.vocab_size + 7) // 8
         self.verifies = 0
-        self.budget = ProposalBudget()
+        self.budget = ProposalBudget(self.batcher.row_costs if getattr(target, "cost_by_rows", False) else None)
 
     # ---- RPCs
 
@@ -471,12 +472,18 @@ class RowCosts:
 
     def split(self, seconds: float, rows: list[int]) -> list[float]:
         """Each session's charge for a forward of ``seconds`` that read ``rows`` (one count per session)."""
+        cost = self.verify_cost()
+        return [seconds * r / sum(rows) for r in rows] if cost is None else [cost(r - 1) for r in rows]
+
+    def verify_cost(self) -> Callable[[int], float] | None:
+        """A session's charge for a forward in which it verifies k proposals (k + 1 rows), at the
+        usual sessions per forward; None until the forwards seen differ in rows."""
         fitted = self.fit()
         if fitted is None:
-            return [seconds * r / sum(rows) for r in rows]
+            return None
         fixed, per_row = fitted
-        usual = self.ss / self.n  # sessions per decode forward, recently
-        return [fixed / usual + per_row * r for r in rows]
+        share = fixed / (self.ss / self.n)  # the fixed part over the sessions per decode forward, recently
+        return lambda k: share + per_row * (k + 1)
 
 
 class ProposalBudget:
@@ -485,22 +492,35 @@ class ProposalBudget:
     device drafts on its own time), from this server's observed forward times by k (one table for
     every session, :attr:`costs`) and the session's acceptance (:class:`SessionBudget`). A verify that
     costs more than the tokens it is likely to save is not made, so a weak or late drafter leaves the
-    server at its own speed."""
+    server at its own speed.
 
-    def __init__(self) -> None:
+    With ``row_costs`` (a pool whose forwards serve several sessions and cost by their rows) the
+    forward times by k come from its fitted model once it has one: a table of charges observed at
+    different times mixes loads (a verify timed while one session ran was charged the whole forward,
+    a plain step with eight sessions an eighth of one), and verifies that look dear are never made,
+    so the table is never corrected."""
+
+    def __init__(self, row_costs: RowCosts | None = None) -> None:
         self.costs: VerifyCosts | None = None  # until a plain step is timed
+        self.row_costs = row_costs
         self.lock = threading.Lock()
 
     def session(self) -> SessionBudget:
         return SessionBudget(self)
 
+    def _cost(self) -> Callable[[int], float] | None:
+        """Seconds of this server's time for a forward that verifies k proposals (None: none timed)."""
+        modelled = self.row_costs.verify_cost() if self.row_costs is not None else None
+        return modelled or self.costs
+
     def best(self, acceptance: AcceptanceStats | float, available: int) -> int | None:
         """The paying k for this acceptance (None: no forward timed yet)."""
         with self.lock:
-            if self.costs is None:
+            cost = self._cost()
+            if cost is None:
                 return None
             rates = acceptance if isinstance(acceptance, float) else acceptance.rates(available)
-            return best_draft_length(rates, 0.0, self.costs, available)
+            return best_draft_length(rates, 0.0, cost, available)
 
     def observe(self, k: int, seconds: float) -> None:
         with self.lock:
@@ -516,13 +536,15 @@ class ProposalBudget:
         if not self.best(OPTIMISTIC_ACCEPTANCE, available):
             return 0
         with self.lock:
-            return int(self.costs(1) - self.costs(0) <= room * self.costs(0))
+            cost = self._cost()
+            return int(cost(1) - cost(0) <= room * cost(0))
 
     def lost_steps(self, accepted: int, seconds: float) -> float:
         """Plain steps' worth of time a verifying forward lost against plain steps emitting its
         ``accepted`` + 1 tokens (negative: it won)."""
         with self.lock:
-            return 0.0 if self.costs is None else seconds / self.costs(0) - (accepted + 1)
+            cost = self._cost()
+            return 0.0 if cost is None else seconds / cost(0) - (accepted + 1)
 
 
 class SessionBudget:
