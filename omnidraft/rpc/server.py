@@ -94,7 +94,7 @@ class TargetService(services.TargetServicer):
         self.tokenizer_sha256 = hashlib.sha256(self.tokenizer_zip).hexdigest()
         self.mask_bytes = (target.vocab_size + 7) // 8
         self.verifies = 0
-        self.budget = ProposalBudget(self.batcher.row_costs if getattr(target, "cost_by_rows", False) else None)
+        self.budget = ProposalBudget(self.batcher.row_costs)
 
     # ---- RPCs
 
@@ -368,7 +368,8 @@ class Batcher:
         self.streams = 0  # Generate and Decode loops running
         self.forwards, self.busy_s, self.emitted = 0, 0.0, 0
         self.last_forward_s = 0.0
-        self.row_costs = RowCosts()
+        # a shared forward that costs by its rows (a CPU pool) charges each session by a fitted model
+        self.row_costs = RowCosts() if self.sessions > 1 and getattr(target, "cost_by_rows", False) else None
 
     def join(self) -> None:
         with self.cond:
@@ -409,8 +410,8 @@ class Batcher:
 
     def _run(self, jobs: list[_Job]) -> None:
         if self.sessions > 1:
-            by_rows = getattr(self.target, "cost_by_rows", False)
-            rows = [j.target.rows_to_read(j.ids, j.num_proposed) for j in jobs] if by_rows else None
+            rows = ([j.target.rows_to_read(j.ids, j.num_proposed) for j in jobs]
+                    if self.row_costs is not None else None)
             self._timed(jobs, lambda: self.target.score_many([(j.target, j.ids, j.num_proposed) for j in jobs],
                                                              to_host=False), rows)
         else:
