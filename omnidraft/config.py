@@ -22,6 +22,9 @@ DEFAULT_DRAFTER_DTYPE = "bfloat16"  # fastest eager drafter on CPU that `omnidra
 INT8_NO_ADAPTER = "an int8 drafter cannot take a LoRA adapter (LoRA needs float weights); use --drafter-dtype bfloat16"
 
 
+MAX_BRANCH_ROWS = 16  # a verify's rows beyond the chain's: past this the forward is no longer a few rows
+
+
 @dataclass
 class DecodeConfig:
     max_new_tokens: int = 256
@@ -53,6 +56,10 @@ class DecodeConfig:
     # taken (Algorithm 3's lookahead). 1 is one scatter per token; more walks a tree of drafter
     # spellings per verified token and is refused where that tree blows up.
     slrs_lookahead: int = 1
+    # Branch rows per verify: the drafter's runner-up tokens, verified beside its chain in the same
+    # forward (a token tree). -1: as many as the cost policy expects to pay (greedy, text
+    # translation, a target that reads trees); 0: chains only; n: at most n.
+    branch_rows: int = -1
 
     def __post_init__(self) -> None:
         if self.verify is None:
@@ -73,6 +80,8 @@ class DecodeConfig:
             raise OmnidraftError("--draft-len must be at least 1")
         if not 1 <= self.slrs_lookahead <= 8:
             raise OmnidraftError("--slrs-lookahead must be in 1..8")
+        if not -1 <= self.branch_rows <= MAX_BRANCH_ROWS:
+            raise OmnidraftError(f"--branch-rows must be in -1..{MAX_BRANCH_ROWS} (-1: the cost policy decides)")
         for name, value in (("--temperature", self.temperature), ("--top-p", self.top_p),
                             ("--draft-confidence", self.draft_confidence), ("--stop-gamma", self.stop_gamma)):
             if not math.isfinite(value):

@@ -37,6 +37,7 @@ from omnidraft.sources.history import LookupHistory
 from omnidraft.sources.policy import AheadPolicy, CostPolicy, NoCostPolicy, SourcePolicy
 from omnidraft.target import Target
 from omnidraft.target.base import LocalVerifier, RowRequest, Verifier, cut
+from omnidraft.verify.tree import fit_branches
 from omnidraft.vocab.bridge import VocabBridge
 from omnidraft.vocab.token_bytes import build_token_table
 
@@ -60,6 +61,8 @@ class DecodeStats:
     accepted_tokens: int = 0
     ngram_hits_proposed: int = 0
     ngram_hits_accepted: int = 0
+    branch_rows: int = 0  # rows the drafter's runner-up branches added to verifies
+    branch_steps: int = 0  # steps whose kept proposals ended on a branch
     new_tokens: int = 0
     ngram_cache_entries_at_start: int = 0
     ngram_cache_entries_at_end: int = 0
@@ -244,18 +247,20 @@ class SpeculativeDecoder:
             source, offer = offers[chosen]
             proposal = source.draft(ids, offer, k, times)
             proposal.proposed = proposal.proposed[:room]
+            proposal.branches = fit_branches(proposal.branches, len(proposal.proposed), room)
         # 2) verify: one target forward over the unread context and the proposals; the rule decides
         t0 = time.perf_counter()
         verdict = self.verifier.verify(ids, proposal, config, rows)
         times.verify_s = time.perf_counter() - t0
         # 3) accept: the proposals the rule kept, then its own token; cut at end-of-sequence and max_new_tokens
         proposed = proposal.proposed if proposal is not None else []
-        emitted, done = cut(proposed[: verdict.accepted] + [verdict.next_token], self.target.eos_ids, room + 1)
+        kept = verdict.path if verdict.path is not None else proposed[: verdict.accepted]
+        emitted, done = cut(kept + [verdict.next_token], self.target.eos_ids, room + 1)
         drafted = len(proposal.draft.tokens) if proposal is not None and proposal.draft is not None else len(proposed)
         step = StepResult(source=source.name if source else None, key=offer.key if source else "",
                           free=source is not None and source.free, proposal=proposal, drafted=drafted,
                           accepted=verdict.accepted, emitted=emitted, done=done, rows=verdict.rows, times=times,
-                          kept=verdict.accepted)
+                          kept=verdict.accepted, branch_kept=verdict.branch_kept)
         # 4) context sync: every source follows the text; the one that drafted learns from the verdict
         t1 = time.perf_counter()
         for s in sources:
@@ -305,6 +310,8 @@ class SpeculativeDecoder:
             s.drafted_tokens += step.drafted
             s.ngram_hits_proposed += step.ngram_hits[0]
             s.ngram_hits_accepted += step.ngram_hits[1]
+            s.branch_rows += step.branch_rows
+            s.branch_steps += step.branch_kept > 0
 
     def target_token_bytes(self) -> list[bytes | None]:
         """Bytes of each target token id (None for special tokens): what streaming decodes with.

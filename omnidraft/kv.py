@@ -15,8 +15,10 @@ import torch
 from transformers import DynamicCache
 
 from omnidraft import fastlinear
+from omnidraft.verify.tree import Branch, check_branches
 
 PREFILL_CHUNK = 512  # tokens per forward when reading a long prompt: bounds the attention's memory
+TREE_MODEL_TYPES = ("llama", "qwen2", "qwen3")  # plain causal attention: a 4D mask is all a tree read needs
 
 
 def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
@@ -54,6 +56,34 @@ def cache_keyword(model: torch.nn.Module) -> str:
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
+def tree_mask(past: int, new: int, proposed: int, branches: Sequence[Branch], dtype: torch.dtype) -> torch.Tensor:
+    """The additive attention mask [1, 1, rows, past + rows] of a tree read: ``new`` tokens after
+    ``past`` cached ones, the last ``proposed`` of them the chain's proposals, then each branch's
+    tokens. Chain rows are causal; a branch's row j sees the cache, the new tokens up to the chain
+    position it hangs from, and its own first j + 1 tokens (never the chain it replaces)."""
+    rows = new + sum(len(b.tokens) for b in branches)
+    visible = torch.zeros(rows, past + rows, dtype=torch.bool)
+    visible[:, :past] = True
+    visible[:new, past: past + new] = torch.ones(new, new, dtype=torch.bool).tril()
+    row = new
+    for b in branches:
+        n = len(b.tokens)
+        visible[row: row + n, past: past + new - proposed + b.depth] = True
+        visible[row: row + n, past + row: past + row + n] = torch.ones(n, n, dtype=torch.bool).tril()
+        row += n
+    mask = torch.zeros(visible.shape, dtype=dtype).masked_fill_(~visible, torch.finfo(dtype).min)
+    return mask[None, None]
+
+
+def tree_positions(past: int, new: int, proposed: int, branches: Sequence[Branch]) -> list[int]:
+    """Each row's position: the new tokens in order, a branch's tokens where the chain's would be."""
+    positions = list(range(past, past + new))
+    base = past + new - proposed  # the first proposal's position
+    for b in branches:
+        positions += range(base + b.depth, base + b.depth + len(b.tokens))
+    return positions
+
+
 class CachedLM:
     """Model + KV cache + the token ids the cache holds."""
 
@@ -62,6 +92,9 @@ class CachedLM:
         self.device = next(model.parameters()).device
         self.vocab_size = output_vocab_size(model)
         self._cache_kw = cache_keyword(model)
+        config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+        # token trees need attention that a mask alone decides (no sliding windows, no per-layer kinds)
+        self.trees = config.model_type in TREE_MODEL_TYPES and not getattr(config, "use_sliding_window", False)
         self.reset()
 
     def session(self) -> CachedLM:
@@ -80,16 +113,26 @@ class CachedLM:
             del self.cached_ids[length:]
 
     @torch.inference_mode()
-    def logits_for(self, ids: Sequence[int], keep: int = 1) -> torch.Tensor:
-        """Logits (float32, [keep, vocab]) predicting the tokens after each of the last ``keep`` ids."""
+    def logits_for(self, ids: Sequence[int], keep: int = 1, branches: Sequence[Branch] = ()) -> torch.Tensor:
+        """Logits (float32, [keep, vocab]) predicting the tokens after each of the last ``keep`` ids.
+
+        ``branches`` (where ``trees``): the last ``keep - 1`` ids are a chain of proposals, and each
+        branch another way it could go (``verify.tree``); their rows follow the chain's, one per
+        branch token, in the same forward. The cache keeps the chain only: an accepted branch is
+        read again with the next step's tokens (one more row of a forward that reads a few)."""
         if keep < 1 or keep > len(ids):
             raise ValueError(f"keep must be in [1, {len(ids)}], got {keep}")
+        if branches and not self.trees:
+            raise ValueError("this model's attention cannot read token trees")
+        check_branches(branches, keep - 1)
         self.crop(min(common_prefix_len(self.cached_ids, ids), len(ids) - keep))
         new = list(ids[len(self.cached_ids):])
         while len(new) - PREFILL_CHUNK >= keep:  # a long prompt: read it in chunks, keep no logits
             self._forward(new[:PREFILL_CHUNK], 1)
             new = new[PREFILL_CHUNK:]
-        return self._forward(new, keep)[0, -keep:].float()
+        if not branches:
+            return self._forward(new, keep)[0, -keep:].float()
+        return self._forward_tree(new, keep - 1, branches).float()
 
     def _forward(self, new: list[int], keep: int) -> torch.Tensor:
         input_ids = torch.tensor([new], dtype=torch.long, device=self.device)
@@ -98,6 +141,22 @@ class CachedLM:
         self.cache = out[self._cache_kw]
         self.cached_ids.extend(new)
         return out.logits
+
+    def _forward_tree(self, new: list[int], proposed: int, branches: Sequence[Branch]) -> torch.Tensor:
+        """One forward of ``new`` (its last ``proposed`` tokens the chain) and the branches; the
+        chain's last ``proposed + 1`` rows and every branch row. The branch entries leave the cache."""
+        past, extra = len(self.cached_ids), sum(len(b.tokens) for b in branches)
+        tokens = new + [t for b in branches for t in b.tokens]
+        dtype = next(self.model.parameters()).dtype
+        with fastlinear.enabled():
+            out = self.model(input_ids=torch.tensor([tokens], dtype=torch.long, device=self.device),
+                             position_ids=torch.tensor([tree_positions(past, len(new), proposed, branches)], device=self.device),
+                             attention_mask=tree_mask(past, len(new), proposed, branches, dtype).to(self.device),
+                             use_cache=True, logits_to_keep=proposed + 1 + extra, **{self._cache_kw: self.cache})
+        self.cache = out[self._cache_kw]
+        self.cache.crop(-extra)
+        self.cached_ids.extend(new)
+        return out.logits[0]
 
     def warm_up(self, max_rows: int) -> None:
         """One forward of each row count 1..``max_rows`` after a short prefix, so that fastlinear

@@ -45,16 +45,20 @@ def _reference(model, target_spec: str, name: str, ids: list[int]) -> list[int]:
 
 
 @pytest.mark.real
-@pytest.mark.parametrize("translate", ["text", "tokens"])
+@pytest.mark.parametrize("translate,branch_rows", [("text", 0), ("tokens", 0), ("text", 8)],
+                         ids=["text", "tokens", "text-tree"])
 @pytest.mark.parametrize("target_spec", TARGETS)
 @pytest.mark.parametrize("name,text,chat", PROMPTS, ids=[p[0] for p in PROMPTS])
-def test_greedy_speculative_equals_target_greedy(real_pipeline, target_spec, name, text, chat, translate):
+def test_greedy_speculative_equals_target_greedy(real_pipeline, target_spec, name, text, chat, translate, branch_rows):
+    """``text-tree``: the drafter's runner-up tokens are verified as branches beside each draft
+    (where the target's engine reads token trees), and the walk through them is still lossless."""
     decoder, model, tok = real_pipeline(target_spec)
     ids = encode_prompt(tok, text, chat=chat)
     ref = _reference(model, target_spec, name, ids)
     got = decoder.generate(ids, DecodeConfig(max_new_tokens=NEW_TOKENS, verify="greedy", draft_len=5, translate=translate,
-                                                  draft_stop="confidence")).token_ids
+                                                  draft_stop="confidence", branch_rows=branch_rows)).token_ids
     assert decoder.stats.target_forwards < len(got), "speculation should save target forwards"
+    assert (decoder.stats.branch_rows > 0) == (branch_rows > 0 and decoder.verifier.trees)
     if got == ref:
         return
     pos = next(i for i, (a, b) in enumerate(zip(got, ref)) if a != b) if got[: len(ref)] != ref[: len(got)] else min(len(got), len(ref))

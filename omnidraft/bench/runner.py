@@ -23,10 +23,11 @@ from omnidraft.ngram.trie import NgramCache, NgramTrie
 # greedy: text translation (our default); greedy-ngram: the paper's token mapping + n-gram cache;
 # greedy-nocache: token mapping alone. tli / omnidraft: rejection sampling at --temperature.
 # greedy-repeat: the same request a second time, with the lookup history of the first (a repeated session).
+# greedy-chain: greedy with chains only (no branches of the drafter's runner-up tokens beside them).
 # greedy-base: greedy with the drafter's base weights (no adapter, no acceptance head): what --adapter gains or
 # costs, measured in the same run.
 OUR_MODES = ("target", "target-sample", "greedy", "greedy-ngram", "greedy-nocache", "tli", "omnidraft", "text-sample", "rdk", "slrs",
-             "lookup", "greedy-nolookup", "greedy-repeat", "greedy-base")
+             "lookup", "greedy-nolookup", "greedy-repeat", "greedy-base", "greedy-chain")
 BASE_MODES = ("greedy-base",)  # the drafter without its adapter (a fork with base weights)
 SAMPLING_MODES = ("tli", "omnidraft", "text-sample", "rdk", "slrs", "hf-uag-sample", "target-sample")  # at --sample-temperature
 HF_MODES = ("hf-target", "hf-uag", "hf-lookup", "hf-uag-sample")
@@ -44,7 +45,7 @@ REMOTE_MODES = STREAM_MODES + ("target", "greedy", "greedy-ngram", "greedy-nocac
 ALL_MODES = OUR_MODES + ("greedy-onnx", "greedy-gguf") + HF_MODES + LLAMA_MODES + STREAM_MODES
 DEFAULT_MODES = ("target", "hf-target", "hf-uag", "greedy", "greedy-ngram", "greedy-nocache", "tli", "omnidraft")
 GREEDY_MODES = ("target", "hf-target", "hf-uag", "hf-lookup", "greedy", "greedy-ngram", "greedy-nocache", "greedy-onnx",
-                "greedy-gguf", "lookup", "greedy-nolookup", "greedy-repeat", "greedy-base") + LLAMA_MODES + STREAM_MODES
+                "greedy-gguf", "lookup", "greedy-nolookup", "greedy-repeat", "greedy-base", "greedy-chain") + LLAMA_MODES + STREAM_MODES
 
 
 def baseline_of(mode: str, available: Collection[str] = ()) -> str:
@@ -78,6 +79,8 @@ class PromptRun:
     lookup_accepted: int = 0
     token_times: list[float] = field(default_factory=list)  # seconds from the request's start to each token's arrival
     timely_forwards: int = 0  # a server's stream forwards that began with a usable draft (verified or not)
+    branch_rows: int = 0  # rows of the drafter's runner-up branches verified
+    branch_steps: int = 0  # steps that kept a branch
 
     @property
     def tokens_per_s(self) -> float:
@@ -135,6 +138,8 @@ def summarize(runs: dict[str, list[PromptRun]], baseline: str | None = "target",
             # streaming verification: the share of server forwards a draft reached in time
             "timely_forward_share": sum(r.timely_forwards for r in mode_runs) / forwards if forwards else None,
             "steps": sum(r.steps for r in mode_runs),
+            "branch_rows": sum(r.branch_rows for r in mode_runs),
+            "branch_steps": sum(r.branch_steps for r in mode_runs),
         }
         row.update(latency_ms(mode_runs))
         if mode in compare and base:
@@ -201,7 +206,7 @@ def our_mode(decoder: SpeculativeDecoder, config: DecodeConfig) -> ModeFn:
                          s.ngram_hits_accepted, {"draft": s.draft_s, "catch_up": s.catch_up_s, "verify": s.verify_s,
                                                  "bridge": s.bridge_s, "other": s.other_s},
                          s.steps, s.plain_steps, wire, s.lookup_steps, s.lookup_proposed, s.lookup_accepted, times,
-                         getattr(decoder.target, "timely_forwards", 0) - timely)
+                         getattr(decoder.target, "timely_forwards", 0) - timely, s.branch_rows, s.branch_steps)
 
     run.decoder = decoder  # what the draft policy measured and chose, for the report
     return run
@@ -371,6 +376,7 @@ def build_modes(pipe, modes: Sequence[str], base: DecodeConfig, temperature: flo
         "hf-lookup": lambda: hf_mode(pipe.target_model, target.tokenizer, max_new_tokens, prompt_lookup=10),
         "lookup": lambda: our_mode(SpeculativeDecoder(target, lookup=True), cfg(verify="greedy")),
         "greedy-nolookup": lambda: spec(cfg(verify="greedy", translate="text", lookup=False), ngrams_factory()),
+        "greedy-chain": lambda: spec(cfg(verify="greedy", translate="text", branch_rows=0), ngrams_factory()),
         "greedy-base": lambda: our_mode(SpeculativeDecoder(target, base_drafter, bridge, ngrams_factory()),
                                         cfg(verify="greedy", translate="text")),
         "lookup@llamacpp": lambda: our_mode(SpeculativeDecoder(llama, lookup=True), cfg(verify="greedy")),

@@ -21,6 +21,7 @@ from omnidraft.config import (
     DRAFTER_DTYPES,
     ENGINES,
     INT8_NO_ADAPTER,
+    MAX_BRANCH_ROWS,
     TRANSLATIONS,
     DecodeConfig,
     default_rule,
@@ -187,6 +188,9 @@ _DECODE_FLAGS: dict[str, tuple[Callable[[str], Any] | None, str]] = {
     "seed": (SEED, "random seed of the sampling rules"),
     "slrs_lookahead": (integer(1, 8), "slrs: drafter tokens per drafted string (Algorithm 3's lookahead); above 1 each "
                                       "verified token walks a tree of drafter spellings, refused where it blows up"),
+    "branch_rows": (integer(-1, MAX_BRANCH_ROWS), "rows of the drafter's runner-up tokens verified beside its draft in the "
+                                                  "same forward (greedy, torch targets): -1 as many as the cost policy "
+                                                  "expects to pay, 0 none"),
 }
 _DECODE_CHOICES = {"verify": tuple(RULES), "draft_stop": DRAFT_STOPS, "translate": TRANSLATIONS}
 

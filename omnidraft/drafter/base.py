@@ -9,7 +9,7 @@ which one drafts.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
@@ -23,6 +23,7 @@ class Draft:
     limit: int = 0  # the most tokens it could have had (the k it was drafted with)
     read_s: float = 0.0  # seconds spent reading the context before the first token (cache catch-up)
     read_tokens: int = 0  # tokens that read fed (the context past the cache's common prefix)
+    runners_up: list[int] = field(default_factory=list)  # the best other allowed token at each position (-1: none)
 
 
 class DraftLM(Protocol):

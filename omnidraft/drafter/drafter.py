@@ -50,6 +50,7 @@ class Drafter:
         """Draft up to ``k`` tokens after ``context`` (drafter ids) under ``policy``."""
         tokens: list[int] = []
         qs: list[torch.Tensor] = []
+        runners_up: list[int] = []
         policy.constraint.start()
         policy.stop.start()
         window = self.window(context, k)
@@ -60,6 +61,8 @@ class Drafter:
         for step in range(k):
             masked = logits + policy.constraint.bias()
             token, q = policy.sampler.choose(masked)
+            if policy.runners_up:
+                runners_up.append(runner_up(masked, token))
             stop = policy.stop.stop_after(token, masked, q, self.lm.last_hidden, logits)
             tokens.append(token)
             if q is not None:
@@ -70,4 +73,11 @@ class Drafter:
                 break
             for d in feed:
                 logits = self.lm.step(d)
-        return Draft(tokens, torch.stack(qs) if qs else None, window, k, read_s, read_tokens)
+        return Draft(tokens, torch.stack(qs) if qs else None, window, k, read_s, read_tokens, runners_up)
+
+
+def runner_up(masked: torch.Tensor, chosen: int) -> int:
+    """The most likely allowed token other than ``chosen`` (-1: none is allowed)."""
+    values, ids = masked.topk(2)
+    other = int(ids[1]) if int(ids[0]) == chosen else int(ids[0])
+    return other if torch.isfinite(values).all() else -1

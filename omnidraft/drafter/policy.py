@@ -112,6 +112,7 @@ class DraftPolicy:
     sampler: Sampler
     constraint: DraftConstraint
     stop: StopRule
+    runners_up: bool = False  # note the best other token at each position (a token tree's branches)
 
 
 def stop_rule(name: str, head: AcceptHead | None, confidence: float, gamma: float) -> StopRule:

@@ -26,6 +26,7 @@ from omnidraft.config import DecodeConfig
 from omnidraft.costs import EVEN_PRIOR, Prior
 from omnidraft.verify import rule_info
 from omnidraft.verify.proposal import Proposal
+from omnidraft.verify.tree import rows_of
 
 if TYPE_CHECKING:
     import torch
@@ -76,10 +77,16 @@ class StepResult:
     times: StepTimes
     kept: int = 0  # drafted tokens covered by the accepted proposals (set by the drafting source)
     ngram_hits: tuple[int, int] = (0, 0)  # proposals from the n-gram cache, of which accepted
+    branch_kept: int = 0  # of the accepted proposals, those from one of the proposal's branches (at its end)
 
     @property
     def proposed(self) -> int:
         return len(self.proposal.proposed) if self.proposal is not None else 0
+
+    @property
+    def branch_rows(self) -> int:
+        """Rows the proposal's branches added to the verify."""
+        return rows_of(self.proposal.branches) if self.proposal is not None else 0
 
     @property
     def draft_s(self) -> float:

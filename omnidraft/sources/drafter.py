@@ -30,6 +30,7 @@ from omnidraft.vocab.bridge import Translation, VocabBridge
 from omnidraft.vocab.reverse import DrafterContext
 from omnidraft.vocab.slrs import StringTranslator, check_lookahead
 from omnidraft.vocab.translate import (
+    BranchingTranslator,
     RedistributingTranslator,
     TextTranslator,
     TokenTranslator,
@@ -69,6 +70,8 @@ class ModelDraft:
         # CJK characters as 2-3 byte tokens, so a Chinese catch-up reads ~2.5x the target's count
         self._per_target = 1.0
         self._k_max = 0
+        self._policy: SourcePolicy | None = None
+        self._branch_cap = 0  # the request's --branch-rows (-1: the cost policy's)
 
     @classmethod
     def build(cls, parts: Parts) -> ModelDraft | None:
@@ -80,6 +83,7 @@ class ModelDraft:
         generator = torch.Generator().manual_seed(config.seed)  # the drafter's sampling (verification: step_generator)
         self._plan = self.plan(config, generator, policy)
         self._k_max = config.draft_len
+        self._policy, self._branch_cap = policy, config.branch_rows
         # the prompt in drafter tokens, not read yet: the first draft's read of it is a catch-up, and its
         # size is what the offers charge for it
         self._build_context(ids)
@@ -107,13 +111,18 @@ class ModelDraft:
         t1 = time.perf_counter()
         draft = self.drafter.draft(self._ctx.ids, k, self._plan.policy)
         t2 = time.perf_counter()
-        tr = self._plan.translator.forward(ids, draft)
+        translator = self._plan.translator
+        tr = translator.forward(ids, draft)
+        branches = []
+        if draft.runners_up:  # the plan asked for them: a BranchingTranslator
+            rows = self._policy.branch_rows(len(tr.target_ids), self._branch_cap)
+            branches = translator.branches(ids, draft, tr, rows) if rows > 0 else []
         times.draft_s += t2 - t1
         if resumed:
             times.catch_up_s += draft.read_s
             times.catch_up_tokens += draft.read_tokens
         times.translate_s += (t1 - t0) + (time.perf_counter() - t2)
-        return Proposal(tr.target_ids, draft, tr, self._plan.translator)
+        return Proposal(tr.target_ids, draft, tr, translator, branches)
 
     def _build_context(self, ids: list[int]) -> None:
         """The drafter's context for the text ``ids``, and the drafter tokens per target token it took."""
@@ -124,8 +133,10 @@ class ModelDraft:
         translator = self._plan.translator
         if step.source == self.name:
             p = step.proposal
-            step.kept = translator.drafted_kept(p.draft, p.translation, step.accepted, p.proposed)
-            step.ngram_hits = note_ngram_verdicts(self.ngrams, p.draft, p.translation, step.proposed, step.accepted)
+            kept_ids = step.emitted if step.branch_kept else p.proposed  # a branch's path is not the chain
+            step.kept = translator.drafted_kept(p.draft, p.translation, step.accepted, kept_ids)
+            on_chain = step.accepted - step.branch_kept
+            step.ngram_hits = note_ngram_verdicts(self.ngrams, p.draft, p.translation, step.proposed, on_chain)
             if not step.done:  # reverse translation (Algorithm 1, lines 17-19)
                 translator.reverse(self._ctx, p.draft, p.translation, step.emitted, step.accepted)
         elif step.source is None:
@@ -152,7 +163,11 @@ class ModelDraft:
         sampler = Sampler(config.temperature if info.keeps_q else 0.0, config.top_p, info.keeps_q, generator)
         stop = policy.stop_rule(config.draft_len, self.drafter.head) or stop_rule(
             config.draft_stop, self.drafter.head, config.draft_confidence, config.stop_gamma)
-        return Plan(translator, translator.draft_policy(sampler, stop, self.drafter.lm.vocab_size))
+        draft_policy = translator.draft_policy(sampler, stop, self.drafter.lm.vocab_size)
+        # token trees: greedy, a translator that can branch, an engine that reads trees
+        draft_policy.runners_up = (config.verify == "greedy" and config.branch_rows != 0
+                                   and isinstance(translator, BranchingTranslator) and getattr(self.verifier, "trees", False))
+        return Plan(translator, draft_policy)
 
     def translator(self, translation: str, propose_ngrams: bool, learn_ngrams: bool, lookahead: int = 1) -> Translator:
         """One translator per kind, kept for the source's life (they hold masks and memos)."""

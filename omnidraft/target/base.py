@@ -23,6 +23,7 @@ from omnidraft.verify import get_rule
 from omnidraft.verify.greedy import argmax_rows
 from omnidraft.verify.proposal import Proposal, SamplingConfig
 from omnidraft.verify.sampling import draw, probs_from_logits, step_generator
+from omnidraft.verify.tree import walk
 
 
 class Target(Protocol):
@@ -32,7 +33,8 @@ class Target(Protocol):
     max_context: int  # positions the target can hold
 
     def score(self, ids: Sequence[int], num_proposed: int) -> torch.Tensor:
-        """float32 [num_proposed + 1, vocab_size] logits."""
+        """float32 [num_proposed + 1, vocab_size] logits. An engine whose ``trees`` is True also takes
+        ``branches`` (``verify.tree``): their rows follow the chain's, one per branch token."""
 
     def reset(self) -> None:
         """Forget the KV cache."""
@@ -74,6 +76,8 @@ class Verdict:
     accepted: int  # proposals kept
     next_token: int  # the corrected or bonus token
     rows: torch.Tensor | SparseRows | None  # row i is the target's view before emitted token i
+    path: list[int] | None = None  # the proposals kept when a branch of the proposal won (else its chain's)
+    branch_kept: int = 0  # of those, the branch's
 
 
 @runtime_checkable
@@ -107,12 +111,26 @@ class LocalVerifier:
     def __getattr__(self, name: str) -> Any:  # tokenizer, vocab_size, eos_ids, max_context
         return getattr(self.target, name)
 
+    @property
+    def trees(self) -> bool:
+        """Whether the engine scores token trees (a proposal's branches) in one forward."""
+        return getattr(self.target, "trees", False)
+
     def verify(self, ids: Sequence[int], proposal: Proposal | None, config: SamplingConfig,
                rows: RowRequest | None) -> Verdict:
         proposed = list(proposal.proposed) if proposal is not None else []
+        if proposal is not None and proposal.branches and config.verify == "greedy" and self.trees:
+            return self._verify_tree(list(ids) + proposed, proposal)
         logits = self.target.score(list(ids) + proposed, len(proposed))
         accepted, nxt = decide(logits, proposal, config, step_generator(config.seed, len(ids)))
         return Verdict(accepted, nxt, logits)
+
+    def _verify_tree(self, ids: list[int], proposal: Proposal) -> Verdict:
+        """The chain and its branches in one forward, and the greedy walk through them."""
+        logits = self.target.score(ids, len(proposal.proposed), proposal.branches)
+        found = walk(argmax_rows(logits), proposal.proposed, proposal.branches)
+        path = found.path if found.branch_kept else None
+        return Verdict(len(found.path), found.next_token, logits[found.rows], path, found.branch_kept)
 
     def settle(self, ids: Sequence[int]) -> None:
         settle_cache(self.target, ids)

@@ -11,6 +11,7 @@ from omnidraft.errors import OmnidraftError
 from omnidraft.kv import CachedLM, common_prefix_len, max_positions_of
 from omnidraft.target import static
 from omnidraft.target.base import eos_ids_of
+from omnidraft.verify.tree import Branch
 
 
 class TorchTarget:
@@ -29,8 +30,15 @@ class TorchTarget:
         self.eos_ids = eos_ids_of(model, tokenizer)
         self.max_context = getattr(self.lm, "max_context", None) or max_positions_of(model)
 
-    def score(self, ids: Sequence[int], num_proposed: int) -> torch.Tensor:
+    def score(self, ids: Sequence[int], num_proposed: int, branches: Sequence[Branch] = ()) -> torch.Tensor:
+        if branches:
+            return self.lm.logits_for(ids, num_proposed + 1, branches)
         return self.lm.logits_for(ids, keep=num_proposed + 1)
+
+    @property
+    def trees(self) -> bool:
+        """Whether ``score`` takes branches: the eager engine on a model whose attention a mask decides."""
+        return getattr(self.lm, "trees", False)
 
     @property
     def batch_sessions(self) -> int:

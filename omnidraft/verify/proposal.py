@@ -10,13 +10,14 @@ Torch-free at import (the types are annotations only), like the rule registry.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     import torch
 
     from omnidraft.drafter.base import Draft
+    from omnidraft.verify.tree import Branch
     from omnidraft.vocab.bridge import Translation
 
 
@@ -64,3 +65,4 @@ class Proposal:
     draft: Draft | None = None  # the drafter's tokens and q (None: target ids from a lookup)
     translation: Translation | None = None  # how the draft became ``proposed``
     q: DraftDistribution | None = None  # q' of the draft (the translator that made it)
+    branches: list[Branch] = field(default_factory=list)  # other ways the chain could go (greedy: ``verify.tree``)

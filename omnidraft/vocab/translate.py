@@ -28,17 +28,22 @@ are noted by :func:`note_ngram_verdicts`, the same for every translator.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import torch
 
 from omnidraft.drafter.base import Draft
 from omnidraft.drafter.policy import DraftPolicy, Sampler, StopRule
+from omnidraft.kv import common_prefix_len
 from omnidraft.ngram.trie import NgramCache, TrieNode
 from omnidraft.verify.sampling import draw, probs_from_logits
+from omnidraft.verify.tree import Branch
 from omnidraft.vocab.affinity import DEFAULT_TAU, kernel_for
 from omnidraft.vocab.bridge import Translation, VocabBridge
 from omnidraft.vocab.reverse import DrafterContext, drafted_inside
+
+
+BRANCH_TOKENS = 2  # most target tokens of one runner-up branch (its text is one drafter token)
 
 
 class Translator(Protocol):
@@ -56,6 +61,14 @@ class Translator(Protocol):
 
     def drafted_kept(self, draft: Draft, tr: Translation, accepted: int, proposed: list[int]) -> int:
         """How many drafted tokens the ``accepted`` first proposals cover (what the draft policy learns from)."""
+
+
+@runtime_checkable
+class BranchingTranslator(Translator, Protocol):
+    """A translator that can also turn the drafter's runner-up tokens into branches of a draft's
+    target ids (a token tree; greedy only)."""
+
+    def branches(self, context: Sequence[int], draft: Draft, tr: Translation, rows: int) -> list[Branch]: ...
 
 
 # ---------------------------------------------------------------- text
@@ -114,6 +127,31 @@ class TextTranslator:
     def drafted_kept(self, draft: Draft, tr: Translation, accepted: int, proposed: list[int]) -> int:
         text = b"".join(self.bridge.target_bytes(t) or b"" for t in proposed[:accepted])
         return drafted_inside(self.bridge, draft.tokens, text)[0]
+
+    def branches(self, context: Sequence[int], draft: Draft, tr: Translation, rows: int) -> list[Branch]:
+        """The draft's runner-up tokens as branches of its translation, at most ``rows`` target
+        tokens in all, the earliest positions first (the likeliest to be reached).
+
+        The runner-up at drafted position i makes the text drafted[:i] + runner-up; re-tokenized, it
+        leaves the chain where their target ids first differ, which may be a token before i's
+        (a drafter token inside a target token). Its tokens up to BRANCH_TOKENS from there are the
+        branch; one that adds nothing, or starts like an earlier one, is dropped."""
+        out: list[Branch] = []
+        seen: set[tuple[int, int]] = set()
+        for i, other in enumerate(draft.runners_up):
+            if rows <= 0:
+                break
+            if other < 0:
+                continue
+            ids = self.bridge.forward_text(context, draft.tokens[:i] + [other]).target_ids
+            depth = common_prefix_len(ids, tr.target_ids)
+            if depth >= len(ids) or (depth, ids[depth]) in seen:
+                continue
+            tokens = tuple(ids[depth: depth + min(BRANCH_TOKENS, rows)])
+            seen.add((depth, tokens[0]))
+            out.append(Branch(depth, tokens))
+            rows -= len(tokens)
+        return out
 
 
 # ---------------------------------------------------------------- tokens (eq. (1)/(2))
