@@ -579,10 +579,10 @@ class CostPolicy:
         if not step.free:
             self._observe_draft_cost(step)
             self.read_cost.observe(step.times.catch_up_tokens, step.times.catch_up_s)
-        if not reads_prompt:
-            self.verify_costs.observe(step.proposed + step.branch_rows, step.verify_s)  # V counts rows
         if step.branch_rows:
             self.branch_yield.observe(step.branch_kept, step.branch_rows)
+        if not reads_prompt:
+            self.verify_costs.observe(step.proposed + step.branch_rows, step.verify_s)  # V counts rows
             plain = self._capped_verify()(0)
             # a catch-up read is paid back by the steps after it: this step carries its tokens' share
             read = step.times.catch_up_s
