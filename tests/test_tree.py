@@ -15,6 +15,7 @@ from omnidraft.config import MAX_BRANCH_ROWS, DecodeConfig
 from omnidraft.costs import AcceptanceStats, DraftCost, VerifyCosts
 from omnidraft.drafter.base import Draft
 from omnidraft.kv import CachedLM, tree_mask, tree_positions
+from omnidraft.sources.base import StepResult, StepTimes
 from omnidraft.sources.policy import CostPolicy
 from omnidraft.target import TorchTarget
 from omnidraft.target.base import LocalVerifier
@@ -149,12 +150,29 @@ def _policy(costs: dict[int, float]) -> CostPolicy:
 
 def test_the_cost_policy_adds_branch_rows_while_they_are_expected_to_pay():
     flat = _policy({k: 0.1 for k in range(17)})
-    assert flat.branch_rows(4, -1) == MAX_BRANCH_ROWS and flat.branch_rows(4, 3) == 3 and flat.branch_rows(4, 0) == 0
+    assert flat.branch_rows(4, -1) == 4  # one per depth the chain may first be rejected at
+    assert flat.branch_rows(4, 2) == 2 and flat.branch_rows(4, 0) == 0
     steep = _policy({k: 0.1 * (k + 1) for k in range(17)})  # every row costs a step: none pays
     assert steep.branch_rows(4, -1) == 0
-    knee = _policy({**{k: 0.1 for k in range(8)}, **{k: 0.2 for k in range(8, 17)}})  # a second pass from 9 rows
-    assert knee.branch_rows(4, -1) == 3
-    before = flat.branch_yield.per_row
-    for _ in range(20):
-        flat.branch_yield.observe(0, 4)
-    assert flat.branch_yield.per_row < before / 2
+    knee = _policy({**{k: 0.1 for k in range(7)}, **{k: 0.2 for k in range(7, 17)}})  # a second pass from 8 rows
+    assert knee.branch_rows(4, -1) == 2
+
+
+def test_branch_hits_are_learnt_where_the_chain_stopped_at_a_branch():
+    policy = _policy({k: 0.1 for k in range(17)})
+    before = policy.branch_hits.rate(1)
+    miss = StepResult("drafter", "drafter", False, Proposal([1, 2, 3], branches=[Branch(1, (9,))]), 3, 1, [1, 4],
+                      False, None, StepTimes(0.01, 0.0, 0.1), kept=1)
+    for _ in range(10):
+        policy.learn(miss, reads_prompt=False)
+    assert policy.branch_hits.rate(1) < before / 2
+    elsewhere = StepResult("drafter", "drafter", False, Proposal([1, 2, 3], branches=[Branch(2, (9,))]), 3, 1, [1, 4],
+                           False, None, StepTimes(0.01, 0.0, 0.1), kept=1)
+    low = policy.branch_hits.rate(1)
+    policy.learn(elsewhere, reads_prompt=False)  # stopped at depth 1, its branch hangs at 2: no evidence
+    assert policy.branch_hits.rate(1) == low
+    hit = StepResult("drafter", "drafter", False, Proposal([1, 2, 3], branches=[Branch(1, (9,))]), 3, 2, [1, 9, 5],
+                     False, None, StepTimes(0.01, 0.0, 0.1), kept=1, branch_kept=1)
+    policy.learn(hit, reads_prompt=False)
+    assert policy.branch_hits.rate(1) > low
+    assert policy.verify_costs.observations[3 + 1] == 12  # V counts the branch rows

@@ -299,7 +299,9 @@ class CostPolicy:
         self.path = path  # where the state is kept (None: in memory only)
         self.machine = ""  # what the costs were measured on (CPU, kernels): other costs are measured again
         self._stop: CostAwareStop | None = None
-        self.branch_yield = BranchYield()
+        # where the chain was first rejected at a depth a branch hangs from: whether that branch had the
+        # target's token (the drafter's runner-up is right about 0.4 of the time where its first choice is not)
+        self.branch_hits = AcceptanceStats(1, prior_mean=0.4, prior_strength=4.0, decay=0.99)
 
     @property
     def measured(self) -> bool:
@@ -553,18 +555,23 @@ class CostPolicy:
         return lambda k: min(self.verify_costs(0), v0_cap) if k == 0 else self.verify_costs(k)
 
     def branch_rows(self, proposed: int, cap: int) -> int:
-        """How many branch rows to verify beside a chain of ``proposed``: each while the time it adds
-        to the verify (V's slope there) is below what it is expected to save, its expected tokens
-        (``branch_yield``) times the current time per emitted token, (k d + V(k)) / E(k)."""
+        """How many branch rows to verify beside a chain of ``proposed``. The translator hangs them
+        from the first positions on, and a branch at depth j pays when the chain is first rejected
+        there (P = a_1 ... a_j (1 - a_{j+1})) and the target wants the branch's token (``branch_hits``):
+        rows are added while that expected token, at the current time per emitted token
+        (k d + V(k)) / E(k), is worth more than the verify time the row adds (V's slope there)."""
         if cap == 0 or not self.measured or proposed < 1:
             return 0
         limit = MAX_BRANCH_ROWS if cap < 0 else cap
         V, d = self._capped_verify(), self.draft_cost.seconds_per_token
+        rates = self.stats.rates(proposed)
         per_token = (proposed * d + V(proposed)) / self.stats.expected_tokens(proposed)
-        worth = self.branch_yield.per_row * per_token
-        rows = 0
-        while rows < limit and V(proposed + rows + 1) - V(proposed + rows) <= worth:
-            rows += 1
+        hit, reach, rows = self.branch_hits.rate(1), 1.0, 0
+        for a in rates:
+            worth = hit * reach * (1 - a) * per_token
+            if rows >= limit or V(proposed + rows + 1) - V(proposed + rows) > worth:
+                break
+            rows, reach = rows + 1, reach * a
         return rows
 
     # ---- learn
@@ -579,8 +586,10 @@ class CostPolicy:
         if not step.free:
             self._observe_draft_cost(step)
             self.read_cost.observe(step.times.catch_up_tokens, step.times.catch_up_s)
-        if step.branch_rows:
-            self.branch_yield.observe(step.branch_kept, step.branch_rows)
+        if step.proposal is not None and step.proposal.branches:
+            end = step.accepted - step.branch_kept  # where the chain stopped
+            if any(b.depth == end for b in step.proposal.branches):
+                self.branch_hits.update(1, int(step.branch_kept > 0))
         if not reads_prompt:
             self.verify_costs.observe(step.proposed + step.branch_rows, step.verify_s)  # V counts rows
             plain = self._capped_verify()(0)
@@ -604,24 +613,6 @@ class CostPolicy:
             self.draft_cost.observe(step.drafted, step.draft_s)
         elif step.drafted > 1:
             self.draft_cost.observe(step.drafted - 1, step.draft_s - caught_up)
-
-
-class BranchYield:
-    """Tokens a branch row adds to a step, on average (exponential moving averages of the tokens the
-    branches kept and of the rows they took). Starts from a guess of the drafter's runner-up being
-    the target's token where the target rejects its first choice (~0.45 on HumanEval) times the
-    chance that a row's position is the first rejected one."""
-
-    def __init__(self, prior: float = 0.15, alpha: float = 0.05) -> None:
-        self.kept, self.rows, self.alpha = prior, 1.0, alpha
-
-    @property
-    def per_row(self) -> float:
-        return self.kept / self.rows
-
-    def observe(self, kept: int, rows: int) -> None:
-        self.kept += self.alpha * (kept - self.kept)
-        self.rows += self.alpha * (rows - self.rows)
 
 
 class CostAwareStop:
