@@ -176,3 +176,13 @@ def test_branch_hits_are_learnt_where_the_chain_stopped_at_a_branch():
     policy.learn(hit, reads_prompt=False)
     assert policy.branch_hits.rate(1) > low
     assert policy.verify_costs.observations[3 + 1] == 12  # V counts the branch rows
+
+
+def test_the_runner_up_is_the_best_other_allowed_token_and_the_row_is_left_as_it_was():
+    from omnidraft.drafter.drafter import runner_up
+
+    row = torch.tensor([0.5, 3.0, -float("inf"), 2.0, 1.0])
+    before = row.clone()
+    assert runner_up(row, 1) == 3 and runner_up(row, 3) == 1
+    assert torch.equal(row, before)
+    assert runner_up(torch.tensor([-float("inf"), 1.0, -float("inf")]), 1) == -1  # nothing else is allowed

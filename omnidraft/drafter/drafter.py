@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from omnidraft.adapter.head import AcceptHead
@@ -77,7 +78,12 @@ class Drafter:
 
 
 def runner_up(masked: torch.Tensor, chosen: int) -> int:
-    """The most likely allowed token other than ``chosen`` (-1: none is allowed)."""
-    values, ids = masked.topk(2)
-    other = int(ids[1]) if int(ids[0]) == chosen else int(ids[0])
-    return other if torch.isfinite(values).all() else -1
+    """The most likely allowed token other than ``chosen`` (-1: none is allowed). One argmax with
+    ``chosen`` hidden, on numpy: an order of magnitude cheaper than torch's topk on a CPU row."""
+    row = masked.detach().numpy() if masked.device.type == "cpu" and masked.dtype == torch.float32 else masked.float().cpu().numpy()
+    kept = row[chosen]
+    row[chosen] = -np.inf
+    other = int(row.argmax())
+    allowed = np.isfinite(row[other])
+    row[chosen] = kept
+    return other if allowed else -1
