@@ -15,7 +15,7 @@ import torch
 from transformers import DynamicCache
 
 from omnidraft import fastlinear
-from omnidraft.verify.tree import Branch, check_branches
+from omnidraft.verify.tree import Branch, check_branches, rows_of
 
 PREFILL_CHUNK = 512  # tokens per forward when reading a long prompt: bounds the attention's memory
 TREE_MODEL_TYPES = ("llama", "qwen2", "qwen3")  # plain causal attention: a 4D mask is all a tree read needs
@@ -61,7 +61,7 @@ def tree_mask(past: int, new: int, proposed: int, branches: Sequence[Branch], dt
     ``past`` cached ones, the last ``proposed`` of them the chain's proposals, then each branch's
     tokens. Chain rows are causal; a branch's row j sees the cache, the new tokens up to the chain
     position it hangs from, and its own first j + 1 tokens (never the chain it replaces)."""
-    rows = new + sum(len(b.tokens) for b in branches)
+    rows = new + rows_of(branches)
     visible = torch.zeros(rows, past + rows, dtype=torch.bool)
     visible[:, :past] = True
     visible[:new, past: past + new] = torch.ones(new, new, dtype=torch.bool).tril()
@@ -145,7 +145,7 @@ class CachedLM:
     def _forward_tree(self, new: list[int], proposed: int, branches: Sequence[Branch]) -> torch.Tensor:
         """One forward of ``new`` (its last ``proposed`` tokens the chain) and the branches; the
         chain's last ``proposed + 1`` rows and every branch row. The branch entries leave the cache."""
-        past, extra = len(self.cached_ids), sum(len(b.tokens) for b in branches)
+        past, extra = len(self.cached_ids), rows_of(branches)
         tokens = new + [t for b in branches for t in b.tokens]
         dtype = next(self.model.parameters()).dtype
         with fastlinear.enabled():

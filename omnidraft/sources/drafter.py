@@ -165,7 +165,7 @@ class ModelDraft:
             config.draft_stop, self.drafter.head, config.draft_confidence, config.stop_gamma)
         draft_policy = translator.draft_policy(sampler, stop, self.drafter.lm.vocab_size)
         # token trees: greedy, a translator that can branch, an engine that reads trees
-        draft_policy.runners_up = (config.verify == "greedy" and config.branch_rows != 0
+        draft_policy.runners_up = (config.verify == "greedy" and policy.may_branch(config.branch_rows)
                                    and isinstance(translator, BranchingTranslator) and getattr(self.verifier, "trees", False))
         return Plan(translator, draft_policy)
 

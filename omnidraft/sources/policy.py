@@ -235,8 +235,12 @@ class SourcePolicy(Protocol):
     def learn(self, step: StepResult, reads_prompt: bool) -> None: ...
     def save(self) -> None: ...
 
+    def may_branch(self, cap: int) -> bool:
+        """Whether this policy may ever verify branch rows under the request's ``cap``: the drafter
+        notes its runner-up tokens only then."""
+
     def branch_rows(self, proposed: int, cap: int) -> int:
-        """Branch rows to verify beside a chain of ``proposed`` (``cap``: the request's limit, -1: none)."""
+        """Branch rows to verify beside a chain of ``proposed`` (``cap``: the request's limit, -1: the policy's)."""
 
 
 def free_first(sources: Sequence[DraftSource]) -> list[DraftSource]:
@@ -264,6 +268,9 @@ class NoCostPolicy:
 
     def save(self) -> None:
         pass
+
+    def may_branch(self, cap: int) -> bool:
+        return cap > 0
 
     def branch_rows(self, proposed: int, cap: int) -> int:
         return max(cap, 0)  # nothing measured: only what the request asks for
@@ -553,6 +560,9 @@ class CostPolicy:
         inflated (a slow moment) would otherwise keep it drafting at a loss."""
         v0_cap = self.verify_costs(1)
         return lambda k: min(self.verify_costs(0), v0_cap) if k == 0 else self.verify_costs(k)
+
+    def may_branch(self, cap: int) -> bool:
+        return cap != 0
 
     def branch_rows(self, proposed: int, cap: int) -> int:
         """How many branch rows to verify beside a chain of ``proposed``. The translator hangs them
