@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import replace
 
 import grpc
 import pytest
@@ -260,6 +261,30 @@ def test_streaming_verification_gives_the_targets_own_output(paced_server, local
 
 
 @pytest.mark.real
+def test_the_device_forks_its_line_while_it_waits_and_the_output_stays_the_targets(local_target, real_models, tmp_path):
+    """A server much slower than the drafter: the device has its line drafted well before each forward
+    ends, and forks it where the drafter noted a runner-up; the server verifies a fork only after a
+    correction it foresaw (test_stream_forks.py; how often: the bench's bracketed share). The tokens
+    are the target's own either way. With forks off (``--branch-rows 0``) none is sent."""
+    from omnidraft.rpc.server import serve
+
+    served = serve(Paced(local_target, 0.8), TARGET, "llamacpp", port=0, token=TOKEN, max_sessions=2)
+    client = remote(served, tmp_path, protocol="stream")
+    through, alone = decoder_for(client, real_models), SpeculativeDecoder(local_target)
+    config = DecodeConfig(max_new_tokens=20, lookup=False, draft_len=4)
+    for text, chat in PROMPTS:
+        ids = encode_prompt(local_target.tokenizer, text, chat=chat)
+        assert through.generate(ids, config).token_ids == alone.generate(ids, config).token_ids
+    sent, forked = client.fork_messages, client.forked_forwards
+    assert sent > 0 and forked <= client.timely_forwards
+    ids = encode_prompt(local_target.tokenizer, *PROMPTS[0])
+    assert through.generate(ids, replace(config, branch_rows=0)).token_ids == alone.generate(ids, config).token_ids
+    assert client.fork_messages == sent and client.forked_forwards == forked
+    client.close()
+    served.drain(grace=1)
+
+
+@pytest.mark.real
 def test_server_stream_is_the_target_alone_in_one_call(server, local_target, tmp_path):
     client = remote(server, tmp_path, protocol="stream")
     ids = encode_prompt(local_target.tokenizer, "def add(a, b):\n")
@@ -330,8 +355,8 @@ def test_hostile_decode_streams_leave_the_server_up_and_exact(server, local_targ
         fields = dict(session_id=f"f{i}", append=[rng.randrange(vocab) for _ in range(3)], max_new_tokens=3)
         return pb.DecodeUp(start=pb.GenerateRequest(**(fields | kw)))
 
-    def draft(position: int, tokens: list[int]) -> pb.DecodeUp:
-        return pb.DecodeUp(draft=pb.Draft(start=position, tokens=tokens))
+    def draft(position: int, tokens: list[int], forks=()) -> pb.DecodeUp:
+        return pb.DecodeUp(draft=pb.Draft(start=position, tokens=tokens, forks=[pb.Fork(at=a, tokens=t) for a, t in forks]))
 
     for i in range(FUZZ_REQUESTS // 3):
         kind = i % 6
@@ -341,13 +366,19 @@ def test_hostile_decode_streams_leave_the_server_up_and_exact(server, local_targ
             messages = [draft(3, [1, 2])]
         elif kind == 2:
             messages = [start(i), rng.choice([draft(3, [vocab]), draft(-1, [5]), draft(10**12, [5]), draft(3, [7] * 10**5),
-                                              start(i), rng.randbytes(20)])]
+                                              start(i), rng.randbytes(20), draft(3, [5], [(2, [6])]), draft(3, [5], [(3, [])]),
+                                              draft(3, [5], [(4, [-1])]), draft(3, [5], [(3, [6])] * 10**3),
+                                              draft(3, [5], [(10**12, [6])])])]
         elif kind == 3:
             messages = [start(i, **rng.choice([{"max_new_tokens": 0}, {"max_new_tokens": 10**9}, {"max_proposals": -1},
                                                {"max_proposals": 10**6}, {"temperature": float("nan")}, {"rule": "bogus"},
                                                {"session_id": ""}, {"prefix_len": 7}, {"append": []}]))]
-        else:
-            messages = [start(i)] + [draft(3 + j, [rng.randrange(vocab) for _ in range(rng.randrange(1, 6))]) for j in range(3)]
+        else:  # drafts, some with forks (valid ones: the server may verify them)
+            def ids(n: int) -> list[int]:
+                return [rng.randrange(vocab) for _ in range(n)]
+
+            messages = [start(i)] + [draft(3 + j, ids(4), [(3 + j + rng.randrange(5), ids(rng.randrange(1, 4)))] * (j % 2))
+                                     for j in range(3)]
         sent += len(messages)
         try:
             replies = decode(iter(messages), timeout=30, metadata=md)

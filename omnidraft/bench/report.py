@@ -87,8 +87,9 @@ def write_results(out_dir: Path, meta: dict, summary: dict[str, dict]) -> list[P
               ", ".join(f"`{m}` {b:.0f} B" for m, b in remote.items()) + f" (injected round trip {meta.get('rtt_ms', 0):g} ms)\n"
     timely = {m: r["timely_forward_share"] for m, r in summary.items() if r.get("timely_forward_share")}
     if timely:
-        md += "\nServer forwards that began with a usable draft (streaming verification): " + \
-              ", ".join(f"`{m}` {share:.0%}" for m, share in timely.items()) + "\n"
+        md += "\nServer forwards that began with a usable draft (streaming verification; in brackets, those that " + \
+              "verified a fork of the draft, a correction the device foresaw): " + \
+              ", ".join(f"`{m}` {share:.0%} ({summary[m].get('forked_forward_share') or 0:.0%})" for m, share in timely.items()) + "\n"
     if "target-sample" in summary:
         md += "\nThe sampling modes' speedups are against `target-sample`: the target alone, sampling at the same temperature.\n"
     if meta.get("turns"):

@@ -38,9 +38,10 @@ LLAMA_MODES = ("llamacpp", "target@llamacpp", "greedy@llamacpp", "greedy-k4@llam
 ONNX_MODES = ("greedy-onnx", "greedy-onnx@llamacpp")  # the drafter on onnxruntime (the home's export)
 GGUF_MODES = ("greedy-gguf", "greedy-gguf@llamacpp")  # the drafter's GGUF on llama.cpp
 # Against a target on a server: it decodes alone and streams (``server-stream``: what a thin client
-# has, the baseline), streaming verification (``stream``), and one Verify per step for reference:
-# per token (``target``) or per draft (``greedy`` and its token-translation variants).
-STREAM_MODES = ("server-stream", "stream")
+# has, the baseline), streaming verification (``stream``; ``stream-line``: without the forks the
+# device drafts for likely corrections), and one Verify per step for reference: per token
+# (``target``) or per draft (``greedy`` and its token-translation variants).
+STREAM_MODES = ("server-stream", "stream", "stream-line")
 REMOTE_MODES = STREAM_MODES + ("target", "greedy", "greedy-ngram", "greedy-nocache")
 ALL_MODES = OUR_MODES + ("greedy-onnx", "greedy-gguf") + HF_MODES + LLAMA_MODES + STREAM_MODES
 DEFAULT_MODES = ("target", "hf-target", "hf-uag", "greedy", "greedy-ngram", "greedy-nocache", "tli", "omnidraft")
@@ -81,6 +82,7 @@ class PromptRun:
     timely_forwards: int = 0  # a server's stream forwards that began with a usable draft (verified or not)
     branch_rows: int = 0  # rows of the drafter's runner-up branches verified
     branch_steps: int = 0  # steps that kept a branch
+    forked_forwards: int = 0  # a server's stream forwards that verified a fork of the device's draft (a correction it foresaw)
 
     @property
     def tokens_per_s(self) -> float:
@@ -137,6 +139,7 @@ def summarize(runs: dict[str, list[PromptRun]], baseline: str | None = "target",
             "wire_bytes_per_token": sum(r.wire_bytes for r in mode_runs) / tokens if tokens else None,
             # streaming verification: the share of server forwards a draft reached in time
             "timely_forward_share": sum(r.timely_forwards for r in mode_runs) / forwards if forwards else None,
+            "forked_forward_share": sum(r.forked_forwards for r in mode_runs) / forwards if forwards else None,
             "steps": sum(r.steps for r in mode_runs),
             "branch_rows": sum(r.branch_rows for r in mode_runs),
             "branch_steps": sum(r.branch_steps for r in mode_runs),
@@ -192,7 +195,7 @@ def our_mode(decoder: SpeculativeDecoder, config: DecodeConfig) -> ModeFn:
     def run(prompt_ids: list[int]) -> PromptRun:
         fresh(decoder)
         sent = getattr(decoder.target, "bytes_sent", 0) + getattr(decoder.target, "bytes_received", 0)
-        timely = getattr(decoder.target, "timely_forwards", 0)
+        timely, forked = getattr(decoder.target, "timely_forwards", 0), getattr(decoder.target, "forked_forwards", 0)
         token_ids, times, start = [], [], time.perf_counter()
         for chunk in decoder.stream_ids(prompt_ids, config):
             now = time.perf_counter() - start
@@ -206,7 +209,8 @@ def our_mode(decoder: SpeculativeDecoder, config: DecodeConfig) -> ModeFn:
                          s.ngram_hits_accepted, {"draft": s.draft_s, "catch_up": s.catch_up_s, "verify": s.verify_s,
                                                  "bridge": s.bridge_s, "other": s.other_s},
                          s.steps, s.plain_steps, wire, s.lookup_steps, s.lookup_proposed, s.lookup_accepted, times,
-                         getattr(decoder.target, "timely_forwards", 0) - timely, s.branch_rows, s.branch_steps)
+                         getattr(decoder.target, "timely_forwards", 0) - timely, s.branch_rows, s.branch_steps,
+                         getattr(decoder.target, "forked_forwards", 0) - forked)
 
     run.decoder = decoder  # what the draft policy measured and chose, for the report
     return run
@@ -358,6 +362,8 @@ def build_modes(pipe, modes: Sequence[str], base: DecodeConfig, temperature: flo
                                           cfg(verify="greedy", lookup=False)),
         "stream": lambda: our_mode(SpeculativeDecoder(streamed.with_protocol("stream"), drafter, bridge, ngrams_factory()),
                                    cfg(verify="greedy", translate="text")),
+        "stream-line": lambda: our_mode(SpeculativeDecoder(streamed.with_protocol("stream"), drafter, bridge, ngrams_factory()),
+                                        cfg(verify="greedy", translate="text", branch_rows=0)),  # no forks
         "target": lambda: our_mode(SpeculativeDecoder(target), cfg(verify="greedy", lookup=False)),
         "target-sample": lambda: our_mode(SpeculativeDecoder(target), cfg(verify=None, temperature=temperature, lookup=False)),
         "greedy": lambda: spec(cfg(verify="greedy", translate="text"), ngrams_factory()),

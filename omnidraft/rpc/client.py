@@ -87,6 +87,8 @@ class RemoteTarget:
         self.stub = services.TargetStub(self.channel)
         self.bytes_sent = self.bytes_received = self.calls = 0
         self.timely_forwards = 0  # stream forwards that began with a usable draft (verified or not)
+        self.forked_forwards = 0  # stream forwards that verified a fork of the device's draft (a correction it foresaw)
+        self.fork_messages = 0  # drafts sent up with forks (the device forks its line in the time it would wait)
         info = self._call(self.stub.Info, pb.InfoRequest())
         self.info = info
         self.spec, self.engine = info.spec, info.engine

@@ -27,7 +27,7 @@ import threading
 import time
 import zipfile
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent import futures
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,6 +57,7 @@ MAX_LOGPROBS = 256
 SESSION_IDLE_S = 600.0
 TOKENIZER_CHUNK = 1 << 20
 MAX_SESSION_ID = 128
+MAX_FORKS = 32  # forks one Draft may carry
 
 
 @dataclass
@@ -184,7 +185,7 @@ class TargetService(services.TargetServicer):
                 if drafts is not None and drafts.error:
                     context.abort(grpc.StatusCode.INVALID_ARGUMENT, drafts.error)
                 room = r.max_new_tokens - new - 1  # proposals that fit: the last token is the target's
-                usable = drafts.usable(ids, min(k_max, room)) if drafts is not None and room > 0 else []
+                usable, forked = drafts.usable(ids, min(k_max, room)) if drafts is not None and room > 0 else ([], False)
                 proposed, chooser = usable[: plan.choose(len(usable))], plan
                 if not proposed and lookup is not None and room > 0:  # no paying draft from the device
                     proposed = lookup.propose(min(k_max, room))
@@ -200,7 +201,8 @@ class TargetService(services.TargetServicer):
                 emitted, done = cut(proposed[:accepted] + [nxt], self.base.eos_ids, r.max_new_tokens - new)
                 reply = pb.Emitted(position=len(ids), tokens=emitted, proposed=proposed,
                                    accepted=min(accepted, len(emitted)), done=done, busy_ms=busy_ms,
-                                   usable=len(usable), rest=rest, server_lookup=chooser is not plan)
+                                   usable=len(usable), rest=rest, server_lookup=chooser is not plan,
+                                   forked=forked and chooser is plan and bool(proposed))
                 if r.logprobs_k:
                     reply.rows.extend(_rows(logits[: len(emitted)], emitted, columns, r.logprobs_k))
                 ids.extend(emitted)
@@ -604,16 +606,20 @@ class ServerLookup:
 
 
 class Drafts:
-    """What a device drafted ahead in a Decode stream: target ids at positions [start, start + len).
+    """What a device drafted ahead in a Decode stream: target ids from position ``start`` on, along a
+    main line and its forks.
 
     A reader thread puts each Draft message in as it arrives; each one is the device's whole
-    continuation after the text it had heard, so it replaces the one before. The decode loop takes
-    the part that continues what it has emitted."""
+    continuation after the text it had heard, so it replaces the one before. A fork is where the
+    device expects the target may correct its line (the drafter's runner-up there, drafted a few
+    tokens on): after a forward that corrected the line, the next can still verify a draft that
+    foresaw the correction, where the device would otherwise hear of it a round trip later. The
+    decode loop takes the longest path that continues what it has emitted."""
 
     def __init__(self, vocab_size: int, limit: int) -> None:
         self.vocab_size, self.limit = vocab_size, limit
         self.lock = threading.Lock()
-        self.start, self.tokens = 0, []
+        self.start, self.paths = 0, [[]]  # paths[0]: the main line; the others: the forks, in full from start
         self.error: str | None = None  # a bad message: the stream ends with INVALID_ARGUMENT
 
     def read(self, messages) -> None:
@@ -622,31 +628,44 @@ class Drafts:
                 if isinstance(message, Malformed) or message.WhichOneof("kind") != "draft":
                     self.error = "after the first message a Decode stream carries drafts only"
                     return
-                self.put(message.draft.start, list(message.draft.tokens))
+                d = message.draft
+                self.put(d.start, list(d.tokens), [(f.at, list(f.tokens)) for f in d.forks])
                 if self.error:
                     return
         except Exception:  # noqa: BLE001 - the stream ended or was cancelled: no more drafts
             return
 
-    def put(self, start: int, tokens: list[int]) -> None:
-        if start < 0 or start + len(tokens) > self.limit:
+    def put(self, start: int, tokens: list[int], forks: Sequence[tuple[int, list[int]]] = ()) -> None:
+        paths = [tokens] + [tokens[: at - start] + fork for at, fork in forks]
+        if len(forks) > MAX_FORKS:
+            self.error = f"a draft may carry at most {MAX_FORKS} forks"
+        elif any(not fork or not start <= at <= start + len(tokens) for at, fork in forks):
+            self.error = "a fork needs tokens and a position within its draft"
+        elif start < 0 or any(start + len(path) > self.limit for path in paths):
             self.error = f"a draft must lie within the {self.limit}-token context"
-        elif any(t < 0 or t >= self.vocab_size for t in tokens):
+        elif any(t < 0 or t >= self.vocab_size for path in paths for t in path):
             self.error = f"token ids must be in [0, {self.vocab_size})"
         if self.error:
             return
         with self.lock:
-            self.start, self.tokens = start, tokens
+            self.start, self.paths = start, paths
 
-    def usable(self, ids: list[int], k: int) -> list[int]:
-        """Up to ``k`` drafted tokens after ``ids``, if the draft agrees with all of ``ids`` it covers
-        (what the server emitted meanwhile is trimmed off: a draft that foresaw it still counts)."""
+    def usable(self, ids: list[int], k: int) -> tuple[list[int], bool]:
+        """Up to ``k`` drafted tokens after ``ids`` along the longest path that agrees with all of
+        ``ids`` it covers (what the server emitted meanwhile is trimmed off: a draft that foresaw it
+        still counts), and whether that path is a fork. The paths that disagree are dropped."""
         with self.lock:
             offset = len(ids) - self.start
-            if offset < 0 or offset > len(self.tokens) or self.tokens[:offset] != ids[self.start:]:
-                return []
-            self.start, self.tokens = len(ids), self.tokens[offset:]
-            return self.tokens[:k]
+            if offset < 0:
+                return [], False
+            told = ids[self.start:]
+            alive = [(i, path[offset:]) for i, path in enumerate(self.paths) if len(path) >= offset and path[:offset] == told]
+            if not alive:
+                self.start, self.paths = len(ids), [[]]
+                return [], False
+            best, rest = max(alive, key=lambda a: (len(a[1]), -a[0]))  # the longest; the main line on a tie
+            self.start, self.paths = len(ids), [rest] + [p for i, p in alive if i != best]
+            return rest[:k], best > 0
 
 
 class Malformed:

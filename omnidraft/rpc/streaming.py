@@ -43,7 +43,7 @@ from omnidraft.rpc import prefix_digest
 from omnidraft.rpc.proto import pb
 from omnidraft.sources.base import DraftSource, StepResult, StepTimes
 from omnidraft.sources.lookup import ContextLookup
-from omnidraft.sources.policy import AheadPolicy
+from omnidraft.sources.policy import DRAFTER, AheadPolicy
 from omnidraft.verify.proposal import Proposal
 
 if TYPE_CHECKING:
@@ -52,6 +52,8 @@ if TYPE_CHECKING:
 
 CHUNK = 2  # tokens a source drafts per message: small, so each reaches the server soon
 AHEAD = 8  # the device drafts up to max_proposals + this many tokens past what it has seen
+FORK_DEPTH = 6  # drafter tokens a fork goes on past the runner-up it starts from
+FORKS_KEPT = 8  # forks the device keeps at once (the nearest positions: the likeliest corrections)
 SYNC = "target"  # the StepResult source name of tokens the server emitted beyond the device's draft
 SERVER_LOOKUP = "server-lookup"  # the StepResult source name of proposals the server drafted by prompt lookup
 STOP = object()
@@ -63,22 +65,64 @@ class _Message:
     value: object  # an Emitted, an RpcError, or None at the end of the stream
 
 
+@dataclass
+class _Seed:
+    """A runner-up the drafter noted in a chunk it sent: a fork to deepen when the device has time."""
+
+    base: int  # the context position the chunk was drafted after
+    proposal: Proposal
+    index: int  # the drafted position of the runner-up
+    source: DraftSource
+
+    @property
+    def position(self) -> int:  # about where the fork leaves the line (drafter and target tokens differ)
+        return self.base + self.index
+
+
+@dataclass
+class _Fork:
+    """A deepened runner-up: from context position ``at`` on, ``tokens`` instead of the line's."""
+
+    at: int
+    tokens: list[int]
+    seed: _Seed
+    proposal: Proposal  # the whole path from the seed's base, with the runner-ups noted past the fork
+
+    @property
+    def depth(self) -> int:
+        """Drafter tokens drafted past the runner-up."""
+        return len(self.proposal.draft.tokens) - self.seed.index - 1
+
+    def seeds(self) -> list[_Seed]:
+        """Where the path may fork again once it is the line: the positions drafted past the runner-up."""
+        s = self.seed
+        return [_Seed(s.base, self.proposal, i, s.source) for i in range(s.index + 1, len(self.proposal.draft.runners_up))]
+
+
 class Device(threading.Thread):
     """The device's drafting thread for one stream: it owns the draft sources while the stream lasts.
 
     It learns what the server emitted from :meth:`emitted` (called by the reader of the stream) and
-    drafts whenever it is not ``AHEAD`` tokens beyond that, one chunk at a time."""
+    drafts whenever it is not ``AHEAD`` tokens beyond that, one chunk at a time. In the time it would
+    otherwise wait, it forks its line where the target may correct it: the drafter's runner-up at a
+    drafted position, drafted ``FORK_DEPTH`` tokens on (PEARL's and SpecEdge's drafts for the
+    correction, from the runner-up that is right about 0.4 of the times the first choice is not). A
+    forward that corrects the line then finds a usable draft at once, where the device would hear of
+    the correction a round trip later."""
 
-    def __init__(self, request: StreamRequest, ids: list[int], send: Callable[[int, list[int]], None]) -> None:
+    def __init__(self, request: StreamRequest, ids: list[int], send: Callable[[int, list[int], list], None]) -> None:
         super().__init__(daemon=True, name="omnidraft-device")
         self.request, self.send = request, send
         self.text = list(ids)  # the emitted text as far as the device has heard
         self.ahead: list[int] = []  # its unconfirmed continuation, as sent
+        self.forks: list[_Fork] = []  # other ways ``ahead`` may go
+        self.seeds: list[_Seed] = []  # runner-ups not forked yet
         self.updates: queue.SimpleQueue = queue.SimpleQueue()
         self.source_at: dict[int, str] = {}  # position -> the source that drafted the token sent there
         self.error: BaseException | None = None
         self.limit = request.k_max + AHEAD
         self.resting = False  # the server said drafts do not pay now: draft nothing until it says otherwise
+        self.forks_taken = 0  # corrections a fork had foreseen
 
     def emitted(self, position: int, tokens: list[int], rest: bool = False) -> None:
         self.updates.put((position, tokens, rest))
@@ -95,7 +139,7 @@ class Device(threading.Thread):
     def _loop(self) -> None:
         rewind = idle = False
         while True:
-            block = idle or self.resting or len(self.ahead) >= self.limit or self.request.room(self.text, self.ahead) <= 0
+            block = self.resting or not (self._line_due(idle) or self._fork_work() is not None)
             while True:  # every update that has come, waiting for one only when there is nothing to draft
                 try:
                     update = self.updates.get(block=block)
@@ -108,34 +152,79 @@ class Device(threading.Thread):
                 idle = block = False
             if self.resting:
                 continue
-            if rewind:
+            if rewind:  # on the emitted text, and on the fork that foresaw it if one did
                 for s in self.request.sources:
-                    s.begin(self.text, self.request.config, self.request.policy)
+                    s.begin(self.text + self.ahead, self.request.config, self.request.policy)
                 rewind = False
-            if not self._draft():
-                # nothing came of it: on top of its own unconfirmed tokens (a word that re-tokenizes across
-                # them) the device begins again from the emitted text; on the emitted text it waits for more
-                rewind, idle = bool(self.ahead), not self.ahead
-                self.ahead = []
+            if self._line_due(idle):
+                if not self._draft():
+                    # nothing came of it: on top of its own unconfirmed tokens (a word that re-tokenizes across
+                    # them) the device begins again from the emitted text; on the emitted text it waits for more
+                    rewind, idle = bool(self.ahead), not self.ahead
+                    self._drop(ahead=True)
+            elif (work := self._fork_work()) is not None:
+                self._fork(work)
+
+    def _line_due(self, idle: bool) -> bool:
+        """Whether to draft the line on (forks wait until it is ``limit`` ahead: they never delay it)."""
+        return not idle and len(self.ahead) < self.limit and self.request.room(self.text, self.ahead) > 0
+
+    def _fork_work(self) -> _Seed | _Fork | None:
+        """What to fork next, CHUNK drafter tokens at a time so that news from the server waits little:
+        the earliest runner-up the forward in flight or the next may reach (while forks are few
+        enough), else the shallowest fork not yet ``FORK_DEPTH`` deep."""
+        reach = len(self.text) + self.request.k_max
+        seeds = [s for s in self.seeds if s.position <= reach] if len(self.forks) < FORKS_KEPT else []
+        if seeds:
+            return min(seeds, key=lambda s: s.position)
+        shallow = [f for f in self.forks if f.depth < FORK_DEPTH]
+        return min(shallow, key=lambda f: (f.depth, f.at)) if shallow else None
 
     def _follow(self, position: int, tokens: list[int]) -> bool:
-        """Keep what of ``ahead`` agrees with what the server emitted; True: the sources must begin again."""
+        """Keep what of ``ahead`` (or of a fork) agrees with what the server emitted; True: the sources
+        must begin again."""
         if position != len(self.text):
             raise OmnidraftError(f"the server streamed position {position}, the device expected {len(self.text)}")
         self.text += tokens
         agreed = common_prefix_len(self.ahead, tokens)
         if agreed == len(tokens):
             del self.ahead[:agreed]
+            self.forks = [f for f in self.forks if f.at >= len(self.text)]
+            self.seeds = [s for s in self.seeds if s.base + len(s.proposal.proposed) > len(self.text)]
             return False
-        if agreed == len(self.ahead):  # the server went past the draft: the sources follow the text
+        fork = self._foreseen(position, tokens)
+        if fork is None and agreed == len(self.ahead):  # the server went past the draft: the sources follow the text
             beyond = StepResult(source=SYNC, key="", free=False, proposal=None, drafted=0, accepted=0,
                                 emitted=tokens[agreed:], done=False, rows=None, times=StepTimes())
             for s in self.request.sources:
                 s.accept(beyond)
-            self.ahead = []
+            self._drop(ahead=True)
             return False
-        self.ahead = []  # the server refused part of the draft
+        path = self.ahead[: fork.at - position] + fork.tokens if fork is not None else []
+        self._drop(ahead=True)  # the server corrected the line, or went past it as a fork foresaw
+        if fork is not None:
+            self.ahead, self.seeds = path[len(tokens):], fork.seeds()
+            self.forks_taken += 1
+            for j in range(len(self.ahead)):
+                self.source_at[len(self.text) + j] = DRAFTER
         return True
+
+    def _foreseen(self, position: int, tokens: list[int]) -> _Fork | None:
+        """The fork whose path from ``position`` agrees with ``tokens`` and goes furthest past them."""
+        best, reach = None, len(tokens)
+        for fork in self.forks:
+            path = self.ahead[: fork.at - position] + fork.tokens
+            if len(path) > reach and path[: len(tokens)] == tokens:
+                best, reach = fork, len(path)
+        return best
+
+    def _drop(self, ahead: bool) -> None:
+        self.forks, self.seeds = [], []
+        if ahead:
+            self.ahead = []
+
+    def _publish(self) -> None:
+        self.send(len(self.text), list(self.ahead), [(f.at, f.tokens) for f in self.forks])  # all of it, each time
 
     def _draft(self) -> bool:
         """One chunk from the first source with an offer, sent at once; every source follows it as if
@@ -148,23 +237,52 @@ class Device(threading.Thread):
             offer = source.offer(context, room)
             if offer is None:
                 continue
-            proposal = source.draft(context, offer, offer.limit if source.free else min(CHUNK, offer.limit), StepTimes())
-            proposal.proposed = proposal.proposed[:room]
+            k = offer.limit if source.free else min(CHUNK, offer.limit)
+            while True:
+                proposal = source.draft(context, offer, k, StepTimes())
+                proposal.proposed = proposal.proposed[:room]
+                if proposal.proposed or k >= offer.limit:
+                    break
+                k = min(2 * k, offer.limit)  # the chunk ended inside a target token: draft on to its end
             if not proposal.proposed:
                 return False
             n = len(proposal.proposed)
             for j in range(n):
                 self.source_at[len(context) + j] = source.name
-            self.send(len(self.text), self.ahead + list(proposal.proposed))  # the whole continuation, each time
+            self.ahead += proposal.proposed
+            self._publish()
             drafted = len(proposal.draft.tokens) if proposal.draft is not None else n
             assumed = StepResult(source=source.name, key=offer.key, free=source.free, proposal=proposal,
                                  drafted=drafted, accepted=n, emitted=list(proposal.proposed), done=False,
                                  rows=None, times=StepTimes(), kept=n)
             for s in request.sources:
                 s.accept(assumed)
-            self.ahead += proposal.proposed
+            if proposal.draft is not None and hasattr(source, "deepen"):
+                self.seeds += [_Seed(len(context), proposal, i, source) for i in range(len(proposal.draft.runners_up))]
             return True
         return False
+
+    def _fork(self, work: _Seed | _Fork) -> None:
+        """Fork the line at a runner-up, or take a fork CHUNK tokens deeper; send it if it is (still) one."""
+        line = self.text + self.ahead
+        if isinstance(work, _Seed):
+            seed, fork = work, None
+            self.seeds.remove(seed)
+            proposal = seed.source.deepen(line[: seed.base], seed.proposal, seed.index, CHUNK)
+        else:
+            seed, fork = work.seed, work
+            self.forks.remove(fork)
+            proposal = seed.source.extend(line[: seed.base], fork.proposal, CHUNK)
+        if proposal is None:
+            return
+        path = proposal.proposed
+        at = common_prefix_len(path, line[seed.base:])
+        tokens = path[at: at + self.request.room(self.text, line[len(self.text): seed.base + at])]
+        if not tokens or seed.base + at < len(self.text):  # no fork, or one the text has gone past
+            return
+        self.forks.append(_Fork(seed.base + at, tokens, seed, proposal))
+        if fork is None or tokens != fork.tokens or seed.base + at != fork.at:  # the server hears of it
+            self._publish()
 
 
 class StreamRequest:
@@ -224,7 +342,7 @@ class StreamRequest:
         device = None
         if self.sources:
             call = remote.stub.Decode(self._up(pb.DecodeUp(start=start), outbox), metadata=remote.metadata)
-            device = Device(self, ids, lambda position, tokens: self._send(outbox, position, tokens))
+            device = Device(self, ids, lambda position, tokens, forks: self._send(outbox, position, tokens, forks))
             device.start()
         else:
             remote.bytes_sent += start.ByteSize()
@@ -264,9 +382,10 @@ class StreamRequest:
                 device.emitted(message.position, tokens, message.rest)
             self.remote.server_ids = ids + tokens
             self.remote.timely_forwards += message.usable > 0
+            self.remote.forked_forwards += message.forked
             self.emitted += len(tokens)
-            source = (SERVER_LOOKUP if message.server_lookup else device.source_at.get(message.position, "drafter")
-                      if device is not None else None) if proposed else None
+            source = (SERVER_LOOKUP if message.server_lookup else DRAFTER if message.forked else
+                      device.source_at.get(message.position, DRAFTER) if device is not None else None) if proposed else None
             free = source == SERVER_LOOKUP or source is not None and any(s.free for s in self.sources if s.name == source)
             yield StepResult(source=source, key="", free=free, proposal=Proposal(proposed) if proposed else None,
                              drafted=len(proposed), accepted=message.accepted, emitted=tokens, done=message.done,
@@ -275,9 +394,11 @@ class StreamRequest:
 
     # ---- the wire
 
-    def _send(self, outbox: queue.SimpleQueue, position: int, tokens: list[int]) -> None:
-        message = pb.DecodeUp(draft=pb.Draft(start=position, tokens=tokens))
+    def _send(self, outbox: queue.SimpleQueue, position: int, tokens: list[int], forks: list[tuple[int, list[int]]]) -> None:
+        message = pb.DecodeUp(draft=pb.Draft(start=position, tokens=tokens,
+                                             forks=[pb.Fork(at=at, tokens=fork) for at, fork in forks]))
         self.remote.bytes_sent += message.ByteSize()
+        self.remote.fork_messages += bool(forks)
         outbox.put(_Message(time.monotonic() + self.half_rtt, message))
 
     def _up(self, first, outbox: queue.SimpleQueue):

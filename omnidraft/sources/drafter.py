@@ -124,6 +124,28 @@ class ModelDraft:
         times.translate_s += (t1 - t0) + (time.perf_counter() - t2)
         return Proposal(tr.target_ids, draft, tr, translator, branches)
 
+    def deepen(self, ids: list[int], proposal: Proposal, index: int, k: int) -> Proposal | None:
+        """A fork of ``proposal`` (drafted after ``ids``) for a target that may correct it at drafted
+        position ``index``: the drafter takes its runner-up there and drafts up to ``k`` more tokens
+        (``rpc/streaming.py``). None where no runner-up was noted."""
+        draft = proposal.draft
+        other = draft.runners_up[index] if draft is not None and index < len(draft.runners_up) else -1
+        if other < 0:
+            return None
+        path = Draft(list(draft.tokens[:index]) + [other], None, draft.context, runners_up=[-1] * (index + 1))
+        return self.extend(ids, Proposal([], path), k)
+
+    def extend(self, ids: list[int], proposal: Proposal, k: int) -> Proposal:
+        """``proposal`` (drafted after ``ids``, off the line) drafted up to ``k`` tokens further: its
+        ``proposed`` are all its target ids after ``ids``, and its draft notes the runner-ups of the
+        new tokens, where it may fork again. The drafter's own context is left as it was: the line's
+        next draft re-reads only what this one's cache does not share with it."""
+        draft = proposal.draft
+        more = self.drafter.draft(list(draft.context) + draft.tokens, k, self._plan.policy)
+        tokens = draft.tokens + more.tokens
+        longer = Draft(tokens, None, draft.context, len(tokens), runners_up=draft.runners_up + more.runners_up)
+        return Proposal(self.bridge.forward_text(ids, tokens).target_ids, longer)
+
     def _build_context(self, ids: list[int]) -> None:
         """The drafter's context for the text ``ids``, and the drafter tokens per target token it took."""
         self._ctx = DrafterContext(self.bridge, ids)
@@ -164,9 +186,11 @@ class ModelDraft:
         stop = policy.stop_rule(config.draft_len, self.drafter.head) or stop_rule(
             config.draft_stop, self.drafter.head, config.draft_confidence, config.stop_gamma)
         draft_policy = translator.draft_policy(sampler, stop, self.drafter.lm.vocab_size)
-        # token trees: greedy, a translator that can branch, an engine that reads trees
+        # token trees: greedy, a translator that can branch, and an engine that reads trees or a server that
+        # takes forks of a streamed draft (the device deepens them in its idle time: ``deepen``)
+        takes_branches = getattr(self.verifier, "trees", False) or getattr(self.verifier, "streams", False)
         draft_policy.runners_up = (config.verify == "greedy" and policy.may_branch(config.branch_rows)
-                                   and isinstance(translator, BranchingTranslator) and getattr(self.verifier, "trees", False))
+                                   and isinstance(translator, BranchingTranslator) and takes_branches)
         return Plan(translator, draft_policy)
 
     def translator(self, translation: str, propose_ngrams: bool, learn_ngrams: bool, lookahead: int = 1) -> Translator:

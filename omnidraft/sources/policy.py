@@ -286,6 +286,14 @@ class AheadPolicy(NoCostPolicy):
 
         return FixedLength()
 
+    def may_branch(self, cap: int) -> bool:
+        """The drafter notes its runner-ups unless ``--branch-rows 0``: the device forks its draft
+        there, in the time it would otherwise wait for the server."""
+        return cap != 0
+
+    def branch_rows(self, proposed: int, cap: int) -> int:
+        return 0  # the server verifies chains: a fork is a path of its own, not rows beside the chain
+
 
 class CostPolicy:
     """The measured costs and acceptance statistics of one drafter–target pair on this machine."""
