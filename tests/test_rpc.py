@@ -265,20 +265,20 @@ def test_the_device_forks_its_line_while_it_waits_and_the_output_stays_the_targe
     """A server much slower than the drafter: the device has its line drafted well before each forward
     ends, and forks it where the drafter noted a runner-up; the server verifies a fork only after a
     correction it foresaw (test_stream_forks.py; how often: the bench's bracketed share). The tokens
-    are the target's own either way. With forks off (``--branch-rows 0``) none is sent."""
+    are the target's own either way. Without ``--branch-rows`` (forks are opt-in) none is sent."""
     from omnidraft.rpc.server import serve
 
     served = serve(Paced(local_target, 0.8), TARGET, "llamacpp", port=0, token=TOKEN, max_sessions=2)
     client = remote(served, tmp_path, protocol="stream")
     through, alone = decoder_for(client, real_models), SpeculativeDecoder(local_target)
-    config = DecodeConfig(max_new_tokens=20, lookup=False, draft_len=4)
+    config = DecodeConfig(max_new_tokens=20, lookup=False, draft_len=4, branch_rows=8)
     for text, chat in PROMPTS:
         ids = encode_prompt(local_target.tokenizer, text, chat=chat)
         assert through.generate(ids, config).token_ids == alone.generate(ids, config).token_ids
     sent, forked = client.fork_messages, client.forked_forwards
     assert sent > 0 and forked <= client.timely_forwards
     ids = encode_prompt(local_target.tokenizer, *PROMPTS[0])
-    assert through.generate(ids, replace(config, branch_rows=0)).token_ids == alone.generate(ids, config).token_ids
+    assert through.generate(ids, replace(config, branch_rows=-1)).token_ids == alone.generate(ids, config).token_ids
     assert client.fork_messages == sent and client.forked_forwards == forked
     client.close()
     served.drain(grace=1)

@@ -45,7 +45,7 @@ def test_a_bad_fork_ends_the_stream_with_the_reason(forks, error):
 
 def device(text: list[int], ahead: list[int], k_max: int = 4) -> Device:
     """A device thread, not started: what it does with the server's messages is plain bookkeeping."""
-    request = SimpleNamespace(k_max=k_max, sources=[], room=lambda text, ahead: 64)
+    request = SimpleNamespace(k_max=k_max, sources=[], room=lambda text, ahead: 64, eos_ids=frozenset({99}))
     d = Device(request, text, send=lambda *message: None)
     d.ahead = list(ahead)
     return d
@@ -78,3 +78,14 @@ def test_forks_the_text_went_past_are_dropped():
     d.forks = [fork(10, [7, 8], base=10, drafted=3), fork(12, [9, 9], base=10, drafted=3)]
     assert d._follow(10, [1, 2]) is False  # the line was right: no rewind
     assert d.ahead == [3, 4] and [f.at for f in d.forks] == [12]  # the fork at 10 can no longer be taken
+
+
+def test_the_device_forks_only_while_the_server_says_forks_may_pay_and_drafts_no_line_past_the_end():
+    d = device([0] * 10, [1, 2, 3])
+    seed = _Seed(10, Proposal([1, 2, 3], Draft([1, 2, 3], None, runners_up=[4, 5, 6])), 0, source=None)
+    d.seeds = [seed]
+    assert d._fork_work() is seed and d._line_due(idle=False)
+    d.forks_resting = True  # an Emitted with rest_forks: the server's budget for forks verifies none now
+    assert d._fork_work() is None
+    d.ahead += [99]
+    assert not d._line_due(idle=False)  # the line ends at the end of sequence

@@ -38,10 +38,11 @@ LLAMA_MODES = ("llamacpp", "target@llamacpp", "greedy@llamacpp", "greedy-k4@llam
 ONNX_MODES = ("greedy-onnx", "greedy-onnx@llamacpp")  # the drafter on onnxruntime (the home's export)
 GGUF_MODES = ("greedy-gguf", "greedy-gguf@llamacpp")  # the drafter's GGUF on llama.cpp
 # Against a target on a server: it decodes alone and streams (``server-stream``: what a thin client
-# has, the baseline), streaming verification (``stream``; ``stream-line``: without the forks the
-# device drafts for likely corrections), and one Verify per step for reference: per token
-# (``target``) or per draft (``greedy`` and its token-translation variants).
-STREAM_MODES = ("server-stream", "stream", "stream-line")
+# has, the baseline), streaming verification (``stream``; ``stream-forks``: the device also drafts
+# forks for likely corrections), and one Verify per step for reference: per token (``target``) or
+# per draft (``greedy`` and its token-translation variants).
+STREAM_MODES = ("server-stream", "stream", "stream-forks")
+FORKS_ON = 8  # --branch-rows of the stream-forks mode: any positive value turns forks on
 REMOTE_MODES = STREAM_MODES + ("target", "greedy", "greedy-ngram", "greedy-nocache")
 ALL_MODES = OUR_MODES + ("greedy-onnx", "greedy-gguf") + HF_MODES + LLAMA_MODES + STREAM_MODES
 DEFAULT_MODES = ("target", "hf-target", "hf-uag", "greedy", "greedy-ngram", "greedy-nocache", "tli", "omnidraft")
@@ -362,8 +363,8 @@ def build_modes(pipe, modes: Sequence[str], base: DecodeConfig, temperature: flo
                                           cfg(verify="greedy", lookup=False)),
         "stream": lambda: our_mode(SpeculativeDecoder(streamed.with_protocol("stream"), drafter, bridge, ngrams_factory()),
                                    cfg(verify="greedy", translate="text")),
-        "stream-line": lambda: our_mode(SpeculativeDecoder(streamed.with_protocol("stream"), drafter, bridge, ngrams_factory()),
-                                        cfg(verify="greedy", translate="text", branch_rows=0)),  # no forks
+        "stream-forks": lambda: our_mode(SpeculativeDecoder(streamed.with_protocol("stream"), drafter, bridge, ngrams_factory()),
+                                         cfg(verify="greedy", translate="text", branch_rows=FORKS_ON)),
         "target": lambda: our_mode(SpeculativeDecoder(target), cfg(verify="greedy", lookup=False)),
         "target-sample": lambda: our_mode(SpeculativeDecoder(target), cfg(verify=None, temperature=temperature, lookup=False)),
         "greedy": lambda: spec(cfg(verify="greedy", translate="text"), ngrams_factory()),

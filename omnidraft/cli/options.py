@@ -190,7 +190,8 @@ _DECODE_FLAGS: dict[str, tuple[Callable[[str], Any] | None, str]] = {
                                       "verified token walks a tree of drafter spellings, refused where it blows up"),
     "branch_rows": (integer(-1, MAX_BRANCH_ROWS), "rows of the drafter's runner-up tokens verified beside its draft in the "
                                                   "same forward (greedy, torch targets): -1 as many as the cost policy "
-                                                  "expects to pay, 0 none"),
+                                                  "expects to pay, 0 none; on a streamed server target, N > 0 has the "
+                                                  "device fork its draft at the runner-ups (off by default)"),
 }
 _DECODE_CHOICES = {"verify": tuple(RULES), "draft_stop": DRAFT_STOPS, "translate": TRANSLATIONS}
 

@@ -58,6 +58,9 @@ SESSION_IDLE_S = 600.0
 TOKENIZER_CHUNK = 1 << 20
 MAX_SESSION_ID = 128
 MAX_FORKS = 32  # forks one Draft may carry
+# a fork's drafted tokens past the correction it foresaw are kept about this often per token until a
+# stream's own verifies say otherwise (SmolLM2 -> Qwen2.5-Coder-1.5B: 0.04-0.25; the line: 0.5-0.6)
+FORK_PRIOR = 0.25
 
 
 @dataclass
@@ -177,7 +180,9 @@ class TargetService(services.TargetServicer):
         k_max = r.max_proposals or self.max_draft
         ids = session.ids[: r.prefix_len] + list(r.append)
         session.ids, new = ids, 0
-        plan, forwards = self.budget.session(), 0
+        # the line's acceptance and the forks' apart: a fork goes on from the drafter's runner-up, where it was
+        # less sure, and its drafts are kept less often; mixed in, they would shorten the line's verifies
+        plan, fork_plan, forwards = self.budget.session(), self.budget.session(FORK_PRIOR), 0
         lookup = ServerLookup(self.budget, ids) if r.lookup else None
         self.batcher.join()
         try:
@@ -186,10 +191,11 @@ class TargetService(services.TargetServicer):
                     context.abort(grpc.StatusCode.INVALID_ARGUMENT, drafts.error)
                 room = r.max_new_tokens - new - 1  # proposals that fit: the last token is the target's
                 usable, forked = drafts.usable(ids, min(k_max, room)) if drafts is not None and room > 0 else ([], False)
-                proposed, chooser = usable[: plan.choose(len(usable))], plan
+                chooser = fork_plan if forked else plan
+                proposed = usable[: chooser.choose(len(usable))]
                 if not proposed and lookup is not None and room > 0:  # no paying draft from the device
                     proposed = lookup.propose(min(k_max, room))
-                    chooser = lookup.plan if proposed else plan
+                    chooser = lookup.plan if proposed else chooser
                 logits, busy_s = self.batcher.score(session.target, ids + proposed, len(proposed))
                 logits = _readable(logits, config, r.logprobs_k)
                 accepted, nxt = decide(logits, Proposal(proposed) if proposed else None, config,
@@ -197,12 +203,13 @@ class TargetService(services.TargetServicer):
                 busy_ms = busy_s * 1000
                 chooser.learn(len(proposed), accepted, busy_s, reads_prompt=not forwards)
                 rest = drafts is not None and plan.rest(k_max)
+                rest_forks = drafts is not None and fork_plan.rest(k_max)
                 forwards += 1
                 emitted, done = cut(proposed[:accepted] + [nxt], self.base.eos_ids, r.max_new_tokens - new)
                 reply = pb.Emitted(position=len(ids), tokens=emitted, proposed=proposed,
                                    accepted=min(accepted, len(emitted)), done=done, busy_ms=busy_ms,
-                                   usable=len(usable), rest=rest, server_lookup=chooser is not plan,
-                                   forked=forked and chooser is plan and bool(proposed))
+                                   usable=len(usable), rest=rest, server_lookup=lookup is not None and chooser is lookup.plan,
+                                   forked=chooser is fork_plan and bool(proposed), rest_forks=rest_forks)
                 if r.logprobs_k:
                     reply.rows.extend(_rows(logits[: len(emitted)], emitted, columns, r.logprobs_k))
                 ids.extend(emitted)
@@ -508,8 +515,8 @@ class ProposalBudget:
         self.row_costs = row_costs
         self.lock = threading.Lock()
 
-    def session(self) -> SessionBudget:
-        return SessionBudget(self)
+    def session(self, prior_mean: float = 0.5) -> SessionBudget:
+        return SessionBudget(self, prior_mean)
 
     def _cost(self) -> Callable[[int], float] | None:
         """Seconds of this server's time for a forward that verifies k proposals (None: none timed)."""
@@ -558,9 +565,9 @@ class SessionBudget:
     forwards (the decoder's :class:`~omnidraft.sources.policy.Exploration`), so a drafter that never
     pays costs the server almost nothing."""
 
-    def __init__(self, budget: ProposalBudget) -> None:
+    def __init__(self, budget: ProposalBudget, prior_mean: float = 0.5) -> None:
         self.budget = budget
-        self.acceptance = AcceptanceStats(prior_mean=0.5, decay=0.98)
+        self.acceptance = AcceptanceStats(prior_mean=prior_mean, decay=0.98)
         self.exploration = Exploration()
 
     def choose(self, available: int) -> int:

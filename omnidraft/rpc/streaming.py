@@ -122,10 +122,12 @@ class Device(threading.Thread):
         self.error: BaseException | None = None
         self.limit = request.k_max + AHEAD
         self.resting = False  # the server said drafts do not pay now: draft nothing until it says otherwise
+        self.forks_resting = False  # the server said forks do not pay now: fork nothing until it says otherwise
+        self.eos_ids = request.eos_ids  # the line ends at the target's end of sequence
         self.forks_taken = 0  # corrections a fork had foreseen
 
-    def emitted(self, position: int, tokens: list[int], rest: bool = False) -> None:
-        self.updates.put((position, tokens, rest))
+    def emitted(self, position: int, tokens: list[int], rest: bool = False, rest_forks: bool = False) -> None:
+        self.updates.put((position, tokens, rest, rest_forks))
 
     def stop(self) -> None:
         self.updates.put(STOP)
@@ -147,7 +149,7 @@ class Device(threading.Thread):
                     break
                 if update is STOP:
                     return
-                position, tokens, self.resting = update
+                position, tokens, self.resting, self.forks_resting = update
                 rewind |= self._follow(position, tokens)
                 idle = block = False
             if self.resting:
@@ -167,12 +169,15 @@ class Device(threading.Thread):
 
     def _line_due(self, idle: bool) -> bool:
         """Whether to draft the line on (forks wait until it is ``limit`` ahead: they never delay it)."""
-        return not idle and len(self.ahead) < self.limit and self.request.room(self.text, self.ahead) > 0
+        return (not idle and len(self.ahead) < self.limit and self.request.room(self.text, self.ahead) > 0
+                and not (self.ahead and self.ahead[-1] in self.eos_ids))
 
     def _fork_work(self) -> _Seed | _Fork | None:
         """What to fork next, CHUNK drafter tokens at a time so that news from the server waits little:
         the earliest runner-up the forward in flight or the next may reach (while forks are few
         enough), else the shallowest fork not yet ``FORK_DEPTH`` deep."""
+        if self.forks_resting:
+            return None
         reach = len(self.text) + self.request.k_max
         seeds = [s for s in self.seeds if s.position <= reach] if len(self.forks) < FORKS_KEPT else []
         if seeds:
@@ -240,7 +245,7 @@ class Device(threading.Thread):
             k = offer.limit if source.free else min(CHUNK, offer.limit)
             while True:
                 proposal = source.draft(context, offer, k, StepTimes())
-                proposal.proposed = proposal.proposed[:room]
+                proposal.proposed = until_eos(proposal.proposed[:room], self.eos_ids)
                 if proposal.proposed or k >= offer.limit:
                     break
                 k = min(2 * k, offer.limit)  # the chunk ended inside a target token: draft on to its end
@@ -295,6 +300,7 @@ class StreamRequest:
         self.emitted = 0  # tokens of this request the server emitted so far
         self.k_max = min(config.draft_len, remote.max_draft)
         self.half_rtt = remote.rtt_s / 2
+        self.eos_ids = remote.eos_ids
         self.prompt_len = 0
 
     def room(self, text: list[int], ahead: list[int]) -> int:
@@ -379,7 +385,7 @@ class StreamRequest:
                                      f"expected {len(ids)}")
             tokens, proposed = list(message.tokens), list(message.proposed)
             if device is not None:
-                device.emitted(message.position, tokens, message.rest)
+                device.emitted(message.position, tokens, message.rest, message.rest_forks)
             self.remote.server_ids = ids + tokens
             self.remote.timely_forwards += message.usable > 0
             self.remote.forked_forwards += message.forked
@@ -419,6 +425,11 @@ class StreamRequest:
             inbox.put(_Message(0.0, None))
         except grpc.RpcError as exc:
             inbox.put(_Message(0.0, None if exc.code() == grpc.StatusCode.CANCELLED else exc))
+
+
+def until_eos(tokens: list[int], eos_ids: frozenset[int]) -> list[int]:
+    """``tokens`` up to and with the first end of sequence: the request ends there."""
+    return next((tokens[: j + 1] for j, t in enumerate(tokens) if t in eos_ids), tokens)
 
 
 def _rule(config: DecodeConfig) -> str:

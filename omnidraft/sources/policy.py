@@ -287,9 +287,11 @@ class AheadPolicy(NoCostPolicy):
         return FixedLength()
 
     def may_branch(self, cap: int) -> bool:
-        """The drafter notes its runner-ups unless ``--branch-rows 0``: the device forks its draft
-        there, in the time it would otherwise wait for the server."""
-        return cap != 0
+        """The drafter notes its runner-ups where ``--branch-rows`` asks for branches: the device then
+        forks its line there, in the time it would otherwise wait for the server. Not by default: with
+        the drafters measured so far a fork's tokens past the correction it foresaw are kept too rarely
+        to pay for the server's verify (docs/remote.md)."""
+        return cap > 0
 
     def branch_rows(self, proposed: int, cap: int) -> int:
         return 0  # the server verifies chains: a fork is a path of its own, not rows beside the chain
