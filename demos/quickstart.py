@@ -17,7 +17,9 @@ omnidraft's native forward or on llama.cpp, eager torch, or an ONNX export, meas
 and CPU); the header of each case says which, and the policy line its cost per token inside the loop.
 
 Speeds are medians of ``TIMED_RUNS`` runs of each prompt, the target alone and with the drafter in
-turn (a one-second run on a shared machine varies by 10% from one run to the next). The output shown
+turn (a one-second run on a shared machine varies by 10% from one run to the next). Every run reads
+its prompt afresh: the two share the target engine and the drafter, whose caches would otherwise hand
+the second of them the prompt already read. The output shown
 is the first run's; the later runs draft without the lookup history (they would copy the first run's
 answer) and with a copy of the draft policy (so the demo's decoder learns as if each prompt ran once).
 
@@ -34,6 +36,7 @@ import copy
 import statistics
 import sys
 
+from omnidraft.bench.runner import fresh
 from omnidraft.config import DecodeConfig
 from omnidraft.decode import SpeculativeDecoder
 from omnidraft.runtime import encode_prompt, load_pipeline
@@ -70,16 +73,16 @@ def run_case(target_spec: str, engine: str, prompts: list[tuple[str, bool]], con
     identical = True
     for text, chat in prompts:
         ids = encode_prompt(pipe.target_tokenizer, text, chat=chat)
-        base = alone.generate(ids, config)
-        spec = pipe.decoder.generate(ids, config)
+        base = _cold(alone).generate(ids, config)
+        spec = _cold(pipe.decoder).generate(ids, config)
         same = spec.token_ids == base.token_ids
         identical &= same
         s = spec.stats
         alone_speeds, spec_speeds = [base.stats.tokens_per_s], [s.tokens_per_s]
         again = _rerun_decoder(pipe.decoder)
         for _ in range(TIMED_RUNS - 1):
-            alone_speeds.append(alone.generate(ids, config).stats.tokens_per_s)
-            rerun = again.generate(ids, config)
+            alone_speeds.append(_cold(alone).generate(ids, config).stats.tokens_per_s)
+            rerun = _cold(again).generate(ids, config)
             identical &= rerun.token_ids == base.token_ids
             spec_speeds.append(rerun.stats.tokens_per_s)
         alone_speed, spec_speed = statistics.median(alone_speeds), statistics.median(spec_speeds)
@@ -105,6 +108,12 @@ def _rerun_decoder(decoder: SpeculativeDecoder) -> SpeculativeDecoder:
     twin.cost_policy = copy.deepcopy(decoder.cost_policy)
     twin.cost_policy.path = None
     return twin
+
+
+def _cold(decoder: SpeculativeDecoder) -> SpeculativeDecoder:
+    """``decoder`` with its engines' caches emptied (``bench.runner.fresh``): the run reads its prompt."""
+    fresh(decoder)
+    return decoder
 
 
 def _earlier(history_steps: int) -> str:
