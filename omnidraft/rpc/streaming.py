@@ -12,6 +12,9 @@ SpecEdge (arXiv 2505.17052) and AMUSD:
 - each forward's tokens come down as one message and go to the caller at once, drafting or not.
   Where they agree with ``ahead`` the device goes on; where they differ it drops ``ahead`` and its
   sources begin again on the emitted text;
+- with forks on, the device also drafts, in the time it would wait, a few tokens on from its
+  drafter's runner-ups: forks of its line that the server verifies after a correction they foresaw
+  (``Device``; off by default: measured not to pay with the drafters so far, docs/remote.md);
 - a message may tell the device to rest: the server's budget would verify none of a draft now and
   no exploration is due, so drafting would only spend the device's battery (and the server's time
   on messages). The device drafts again when a message no longer says so.
@@ -103,12 +106,12 @@ class Device(threading.Thread):
     """The device's drafting thread for one stream: it owns the draft sources while the stream lasts.
 
     It learns what the server emitted from :meth:`emitted` (called by the reader of the stream) and
-    drafts whenever it is not ``AHEAD`` tokens beyond that, one chunk at a time. In the time it would
-    otherwise wait, it forks its line where the target may correct it: the drafter's runner-up at a
-    drafted position, drafted ``FORK_DEPTH`` tokens on (PEARL's and SpecEdge's drafts for the
-    correction, from the runner-up that is right about 0.4 of the times the first choice is not). A
-    forward that corrects the line then finds a usable draft at once, where the device would hear of
-    the correction a round trip later."""
+    drafts whenever it is not ``AHEAD`` tokens beyond that, one chunk at a time. With forks on
+    (``--branch-rows N``), in the time it would otherwise wait it forks its line where the target may
+    correct it: the drafter's runner-up at a drafted position (right about 0.4 of the times its first
+    choice is not), drafted up to ``FORK_DEPTH`` tokens on. That is a token tree's branches (SpecInfer
+    §3) spread over time: a forward after a correction a fork foresaw verifies the fork at once, where
+    the device would hear of the correction a round trip later."""
 
     def __init__(self, request: StreamRequest, ids: list[int], send: Callable[[int, list[int], list], None]) -> None:
         super().__init__(daemon=True, name="omnidraft-device")
