@@ -36,6 +36,28 @@ def test_no_match_means_no_draft():
     assert index([1, 2, 9, 2], min_n=1).propose(4) == ([9, 2], 1)
 
 
+def test_a_copy_ends_before_a_special_token():
+    """A reply that repeats the user's words matches the prompt, whose continuation runs into the chat
+    template's markers (here 90 and 91): the copy stops before them, and a match that continues with
+    one at once proposes nothing from there."""
+    prompt = [5, 6, 7, 8, 90, 91, 3]  # "... words? <|im_end|> <|im_start|>assistant"
+    assert index(prompt + [5, 6, 7], stops=frozenset({90, 91})).propose(6) == ([8], 3)
+    assert index(prompt + [6, 7, 8], stops=frozenset({90, 91})).propose(6) == ([], 0)
+    assert index(prompt + [6, 7, 8]).propose(6) == ([90, 91, 3, 6, 7, 8], 3)  # without stops: the markers too
+
+
+def test_the_special_ids_include_the_chat_markers():
+    from conftest import TEST_HOME
+
+    from omnidraft import models
+    from omnidraft.vocab.token_bytes import special_ids
+
+    tok = models.load_tokenizer("builtin:qwen2.5-coder-0.5b", TEST_HOME, progress=False)
+    ids = special_ids(tok)
+    assert set(tok.convert_tokens_to_ids(["<|im_start|>", "<|im_end|>", "<|endoftext|>"])) <= ids
+    assert not ids & set(tok.encode("def f(x):\n    return x  # a comment", add_special_tokens=False))
+
+
 def test_sync_extends_or_reindexes():
     lk = index([1, 2, 3])
     lk.sync([1, 2, 3, 4, 1, 2])

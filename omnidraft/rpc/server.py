@@ -49,6 +49,7 @@ from omnidraft.sources.policy import OPTIMISTIC_ACCEPTANCE, Exploration
 from omnidraft.target.base import cut, decide, settle_cache, step_generator
 from omnidraft.verify import IDS_ONLY_RULES, MIN_TEMPERATURE, MIN_TEMPERATURE_F32
 from omnidraft.verify.proposal import Proposal
+from omnidraft.vocab.token_bytes import special_ids
 
 DEFAULT_PORT = 50551
 DEFAULT_MAX_SESSIONS = 8
@@ -95,6 +96,7 @@ class TargetService(services.TargetServicer):
         self.sessions: OrderedDict[str, Session] = OrderedDict()
         self.table_lock = threading.Lock()
         self.tokenizer_zip = _zip_tokenizer(target.tokenizer)
+        self.special_ids = special_ids(target.tokenizer)  # where the server's lookup copies end
         self.tokenizer_sha256 = hashlib.sha256(self.tokenizer_zip).hexdigest()
         self.mask_bytes = (target.vocab_size + 7) // 8
         self.verifies = 0
@@ -183,7 +185,7 @@ class TargetService(services.TargetServicer):
         # the line's acceptance and the forks' apart: a fork goes on from the drafter's runner-up, where it was
         # less sure, and its drafts are kept less often; mixed in, they would shorten the line's verifies
         plan, fork_plan, forwards = self.budget.session(), self.budget.session(FORK_PRIOR), 0
-        lookup = ServerLookup(self.budget, ids) if r.lookup else None
+        lookup = ServerLookup(self.budget, ids, self.special_ids) if r.lookup else None
         self.batcher.join()
         try:
             while new < r.max_new_tokens and context.is_active():
@@ -602,8 +604,8 @@ class ServerLookup:
     send, as llama.cpp's server does with lookup decoding. Its acceptance and explorations are its
     own (a :class:`SessionBudget`); the forward times are the server's."""
 
-    def __init__(self, budget: ProposalBudget, ids: list[int]) -> None:
-        self.index = LookupIndex()
+    def __init__(self, budget: ProposalBudget, ids: list[int], stops: frozenset[int]) -> None:
+        self.index = LookupIndex(stops=stops)
         self.index.reset(ids)
         self.plan = budget.session()
 

@@ -21,6 +21,7 @@ from omnidraft.config import DecodeConfig
 from omnidraft.costs import EVEN_PRIOR, Prior
 from omnidraft.sources.base import Offer, Parts, StepResult, StepTimes, lookup_applies
 from omnidraft.verify.proposal import Proposal
+from omnidraft.vocab.token_bytes import special_ids
 
 if TYPE_CHECKING:
     from omnidraft.sources.policy import SourcePolicy
@@ -48,10 +49,13 @@ def match_prior(n: int) -> Prior:
 class LookupIndex:
     """n-gram -> latest end positions in a growing token list (see the module docstring)."""
 
-    def __init__(self, max_n: int = 4, min_n: int = 2) -> None:
+    def __init__(self, max_n: int = 4, min_n: int = 2, stops: frozenset[int] = frozenset()) -> None:
         if not 1 <= min_n <= max_n:
             raise ValueError("lookup needs 1 <= min_n <= max_n")
         self.max_n, self.min_n = max_n, min_n
+        # a copy ends before any of these (special tokens): a reply that repeats the user's words runs into
+        # the chat template's markers in the prompt, which the target does not write there
+        self.stops = stops
         self.ids: list[int] = []
         self._last: dict[tuple[int, ...], int] = {}
         self._before: dict[tuple[int, ...], int] = {}
@@ -81,8 +85,8 @@ class LookupIndex:
                 self._last[key] = end
 
     def propose(self, k: int) -> tuple[list[int], int]:
-        """(up to k tokens that followed the longest earlier match of the current suffix, its length n);
-        ([], 0) without a match of at least ``min_n`` tokens."""
+        """(up to k tokens that followed the longest earlier match of the current suffix, up to the first
+        stop token, and the match's length n); ([], 0) without a match of at least ``min_n`` tokens."""
         ids, end = self.ids, len(self.ids)
         for n in range(min(self.max_n, end - 1), self.min_n - 1, -1):
             key = tuple(ids[end - n:])
@@ -90,7 +94,10 @@ class LookupIndex:
             if pos == end:
                 pos = self._before.get(key)
             if pos is not None and pos < end:
-                return ids[pos: pos + k], n
+                copied = ids[pos: pos + k]
+                cut = next((j for j, tok in enumerate(copied) if tok in self.stops), len(copied))
+                if cut:
+                    return copied[:cut], n
         return [], 0
 
 
@@ -101,7 +108,7 @@ class ContextLookup:
 
     def __init__(self, parts: Parts) -> None:
         self.parts = parts
-        self.index = LookupIndex(max_n=LONG_MATCH)
+        self.index = LookupIndex(max_n=LONG_MATCH, stops=special_ids(parts.target.tokenizer))
 
     @classmethod
     def build(cls, parts: Parts) -> ContextLookup | None:

@@ -69,6 +69,13 @@ def _piece_bytes(piece: str, kind: str) -> bytes | None:
     return piece.encode("utf-8")
 
 
+def special_ids(tokenizer) -> frozenset[int]:
+    """The ids of ``tokenizer``'s special tokens: chat-template markers, end of sequence and the like
+    (the added tokens marked special, which have no text of their own)."""
+    added = {idx for idx, token in getattr(tokenizer, "added_tokens_decoder", {}).items() if token.special}
+    return frozenset(added | set(getattr(tokenizer, "all_special_ids", ())))
+
+
 def build_token_table(tokenizer, vocab_size: int) -> TokenTable:
     """Decode every token id of ``tokenizer`` to bytes (see module docstring)."""
     kind = _decoder_kind(tokenizer)
