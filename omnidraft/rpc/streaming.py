@@ -82,6 +82,11 @@ class _Seed:
         return self.base + self.index
 
 
+def _seeds(base: int, proposal: Proposal, source: DraftSource, first: int = 0) -> list[_Seed]:
+    """A seed at each drafted position of ``proposal`` from ``first`` on (its draft notes the runner-ups)."""
+    return [_Seed(base, proposal, i, source) for i in range(first, len(proposal.draft.runners_up))]
+
+
 @dataclass
 class _Fork:
     """A deepened runner-up: from context position ``at`` on, ``tokens`` instead of the line's."""
@@ -98,8 +103,7 @@ class _Fork:
 
     def seeds(self) -> list[_Seed]:
         """Where the path may fork again once it is the line: the positions drafted past the runner-up."""
-        s = self.seed
-        return [_Seed(s.base, self.proposal, i, s.source) for i in range(s.index + 1, len(self.proposal.draft.runners_up))]
+        return _seeds(self.seed.base, self.proposal, self.seed.source, self.seed.index + 1)
 
 
 class Device(threading.Thread):
@@ -126,7 +130,6 @@ class Device(threading.Thread):
         self.limit = request.k_max + AHEAD
         self.resting = False  # the server said drafts do not pay now: draft nothing until it says otherwise
         self.forks_resting = False  # the server said forks do not pay now: fork nothing until it says otherwise
-        self.eos_ids = request.eos_ids  # the line ends at the target's end of sequence
         self.forks_taken = 0  # corrections a fork had foreseen
 
     def emitted(self, position: int, tokens: list[int], rest: bool = False, rest_forks: bool = False) -> None:
@@ -173,7 +176,7 @@ class Device(threading.Thread):
     def _line_due(self, idle: bool) -> bool:
         """Whether to draft the line on (forks wait until it is ``limit`` ahead: they never delay it)."""
         return (not idle and len(self.ahead) < self.limit and self.request.room(self.text, self.ahead) > 0
-                and not (self.ahead and self.ahead[-1] in self.eos_ids))
+                and not (self.ahead and self.ahead[-1] in self.request.eos_ids))
 
     def _fork_work(self) -> _Seed | _Fork | None:
         """What to fork next, CHUNK drafter tokens at a time so that news from the server waits little:
@@ -248,7 +251,7 @@ class Device(threading.Thread):
             k = offer.limit if source.free else min(CHUNK, offer.limit)
             while True:
                 proposal = source.draft(context, offer, k, StepTimes())
-                proposal.proposed = until_eos(proposal.proposed[:room], self.eos_ids)
+                proposal.proposed = until_eos(proposal.proposed[:room], request.eos_ids)
                 if proposal.proposed or k >= offer.limit:
                     break
                 k = min(2 * k, offer.limit)  # the chunk ended inside a target token: draft on to its end
@@ -266,7 +269,7 @@ class Device(threading.Thread):
             for s in request.sources:
                 s.accept(assumed)
             if proposal.draft is not None and hasattr(source, "deepen"):
-                self.seeds += [_Seed(len(context), proposal, i, source) for i in range(len(proposal.draft.runners_up))]
+                self.seeds += _seeds(len(context), proposal, source)
             return True
         return False
 
@@ -303,7 +306,7 @@ class StreamRequest:
         self.emitted = 0  # tokens of this request the server emitted so far
         self.k_max = min(config.draft_len, remote.max_draft)
         self.half_rtt = remote.rtt_s / 2
-        self.eos_ids = remote.eos_ids
+        self.eos_ids = remote.eos_ids  # the device's line ends at the target's end of sequence
         self.prompt_len = 0
 
     def room(self, text: list[int], ahead: list[int]) -> int:

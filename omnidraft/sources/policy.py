@@ -279,19 +279,16 @@ class NoCostPolicy:
 class AheadPolicy(NoCostPolicy):
     """Drafting ahead of a target that streams its own decode (``rpc/streaming.py``): the drafting
     overlaps the target's forwards and delays none of them, so every source drafts what it is
-    allowed, in fixed-length chunks, and the target decides how much of it to verify."""
+    allowed, in fixed-length chunks, and the target decides how much of it to verify. Where
+    ``--branch-rows`` asks for branches (``may_branch``: N > 0, as without a cost policy) the drafter
+    notes its runner-ups and the device forks its line there in the time it would otherwise wait;
+    not by default: with the drafters measured so far a fork's tokens past the correction it foresaw
+    are kept too rarely to pay for the server's verify (docs/remote.md)."""
 
     def stop_rule(self, k_max: int, head: AcceptHead | None) -> StopRule:
         from omnidraft.drafter.policy import FixedLength
 
         return FixedLength()
-
-    def may_branch(self, cap: int) -> bool:
-        """The drafter notes its runner-ups where ``--branch-rows`` asks for branches: the device then
-        forks its line there, in the time it would otherwise wait for the server. Not by default: with
-        the drafters measured so far a fork's tokens past the correction it foresaw are kept too rarely
-        to pay for the server's verify (docs/remote.md)."""
-        return cap > 0
 
     def branch_rows(self, proposed: int, cap: int) -> int:
         return 0  # the server verifies chains: a fork is a path of its own, not rows beside the chain
