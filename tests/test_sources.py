@@ -64,9 +64,13 @@ def test_the_cost_policy_learns_each_source_apart(monkeypatch):
     monkeypatch.setattr(decode, "SOURCES", SOURCES + (Oracle,))
     decoder = SpeculativeDecoder(ToyTarget())
     policy = decoder.cost_policy
-    policy.restore({"format": 2, "verify_s": {"0": 0.1, "1": 0.1, "8": 0.1}, "draft_s": 0.001,
-                    "stats": {"tried": [0.0] * 16, "accepted": [0.0] * 16},
-                    "calibration": {"tried": [4.0] * 10, "accepted": [(b + 0.5) * 0.4 for b in range(10)]}})
+    # Costs are taken only from a state measured on the same machine; without that the policy would
+    # measure the toy target and the oracle afresh, and on a loaded host their microseconds decide.
+    assert policy.restore({"format": 2, "machine": policy.machine,
+                           "verify_s": {"0": 0.1, "1": 0.1, "8": 0.1}, "draft_s": 0.001,
+                           "stats": {"tried": [0.0] * 16, "accepted": [0.0] * 16},
+                           "calibration": {"tried": [4.0] * 10, "accepted": [(b + 0.5) * 0.4 for b in range(10)]}})
+    assert policy.verify_costs is not None and policy.verify_costs.table[1] == 0.1  # restored, not measured again
     config = DecodeConfig(max_new_tokens=20)  # draft_stop auto: the cost policy decides
     assert [t for chunk in decoder.stream_ids(PROMPT, config) for t in chunk] == run(SpeculativeDecoder(ToyTarget()))
     learned = policy.acceptance_for("oracle")
