@@ -16,6 +16,7 @@ from conftest import DRAFTER, TEST_HOME, greedy_with_backend, last_logits
 
 from omnidraft import kernels, models
 from omnidraft.adapter.store import architecture_fingerprint, identity_of
+from omnidraft.drafter import Drafter
 from omnidraft.drafter.native_lm import NativeDraftLM, NativeUnsupported, load_native_model
 from omnidraft.drafter.torch_lm import TorchDraftLM
 from omnidraft.runtime import load_pipeline
@@ -57,6 +58,23 @@ def test_reading_in_one_call_gives_the_bits_of_reading_token_by_token(native):
     assert lm.cached_ids == ids[:12] + [ids[40]] + ids[13:30] and not torch.equal(again, read)
     assert torch.equal(lm.logits_for(ids[:30]), read)
     assert read.shape == (lm.vocab_size,) and hidden.shape == (lm.hidden_size,) and hidden.abs().sum() > 0
+
+
+@pytest.mark.real
+def test_a_context_read_in_pieces_leaves_what_one_read_leaves(native):
+    """The streaming device reads a long prompt a piece at a time (``Drafter.read``), so that a stream
+    that ends meanwhile waits for one piece; the draft after the pieces must be the one after one read."""
+    lm, tok = native
+    ids = (list(tok.encode(TEXT)) * 8)[:200]
+    lm.apply_adapter(None)
+    whole = lm.logits_for(ids).clone()
+    lm.reset()
+    drafter, left = Drafter(lm), []
+    while n := drafter.read(ids, 2, 64):
+        left.append(n)
+        assert lm.cached_ids == ids[: len(ids) - n]  # each piece read on from the common prefix
+    assert left == [136, 72, 8]  # the last 8 are left to the draft's own read
+    assert torch.equal(lm.logits_for(ids), whole) and lm.cached_ids == ids
 
 
 @pytest.mark.real

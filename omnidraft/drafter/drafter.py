@@ -47,6 +47,19 @@ class Drafter:
         return context[start:]
 
     @torch.inference_mode()
+    def read(self, context: Sequence[int], k: int, limit: int) -> int:
+        """Read up to ``limit`` tokens of what ``draft(context, k)`` would read first, and say how many
+        it would still read beyond ``limit`` (0: the draft's own read is at most ``limit``, left to it).
+        A long prompt's read then comes in pieces that whoever drafts can stop between."""
+        window = self.window(context, k)
+        cached = common_prefix_len(self.lm.cached_ids, window)
+        left = len(window) - cached - limit
+        if left <= 0:
+            return 0
+        self.lm.logits_for(window[: cached + limit])
+        return left
+
+    @torch.inference_mode()
     def draft(self, context: Sequence[int], k: int, policy: DraftPolicy) -> Draft:
         """Draft up to ``k`` tokens after ``context`` (drafter ids) under ``policy``."""
         tokens: list[int] = []

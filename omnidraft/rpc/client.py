@@ -89,6 +89,9 @@ class RemoteTarget:
         self.timely_forwards = 0  # stream forwards that began with a usable draft (verified or not)
         self.forked_forwards = 0  # stream forwards that verified a fork of the device's draft (a correction it foresaw)
         self.fork_messages = 0  # drafts sent up with forks (the device forks its line in the time it would wait)
+        from omnidraft.rpc.streaming import Pace
+
+        self.pace = Pace()  # the server's forwards and the device's drafter, timed across requests
         info = self._call(self.stub.Info, pb.InfoRequest())
         self.info = info
         self.spec, self.engine = info.spec, info.engine

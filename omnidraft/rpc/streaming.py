@@ -57,6 +57,7 @@ CHUNK = 2  # tokens a source drafts per message: small, so each reaches the serv
 AHEAD = 8  # the device drafts up to max_proposals + this many tokens past what it has seen
 FORK_DEPTH = 6  # drafter tokens a fork goes on past the runner-up it starts from
 FORKS_KEPT = 8  # forks the device keeps at once (the nearest positions: the likeliest corrections)
+READ_PIECE = 32  # drafter tokens of a long context read at a time: a stream that ends waits for one piece
 SYNC = "target"  # the StepResult source name of tokens the server emitted beyond the device's draft
 SERVER_LOOKUP = "server-lookup"  # the StepResult source name of proposals the server drafted by prompt lookup
 STOP = object()
@@ -106,6 +107,45 @@ class _Fork:
         return _seeds(self.seed.base, self.proposal, self.seed.source, self.seed.index + 1)
 
 
+class Pace:
+    """How fast the server forwards and the device's drafter drafts, kept across one target's requests.
+
+    A drafter that takes longer per token than the server takes per forward never has a token ahead
+    of it: the server has emitted each position before the draft for it arrives. There the device
+    drafts nothing with its model (and reads no prompt for it) until the server slows down, as it
+    does with more sessions per forward or a larger model. On a GPU server a CPU drafter is often
+    that slow, and its drafting only cost the device time (and, at a stream's end, a wait for a
+    prompt read in progress)."""
+
+    ALPHA = 0.2  # weight of the newest observation
+
+    def __init__(self) -> None:
+        self.forward_s: float | None = None  # seconds between the server's messages (one per forward)
+        self.token_s: float | None = None  # seconds per token the device's drafter drafts, its read aside
+        self._last: float | None = None  # when this stream's last message came
+
+    def begin(self) -> None:
+        """A new stream: its first message comes after the prompt read, which is no forward's pace."""
+        self._last = None
+
+    def heard(self, at: float) -> None:
+        if self._last is not None:
+            self.forward_s = self._mix(self.forward_s, at - self._last)
+        self._last = at
+
+    def drafted(self, seconds: float, tokens: int) -> None:
+        if tokens > 0 and seconds > 0:
+            self.token_s = self._mix(self.token_s, seconds / tokens)
+
+    @property
+    def too_slow(self) -> bool:
+        """The drafter cannot draft one token in the time of a server forward."""
+        return self.forward_s is not None and self.token_s is not None and self.token_s >= self.forward_s
+
+    def _mix(self, old: float | None, new: float) -> float:
+        return new if old is None else (1 - self.ALPHA) * old + self.ALPHA * new
+
+
 class Device(threading.Thread):
     """The device's drafting thread for one stream: it owns the draft sources while the stream lasts.
 
@@ -133,7 +173,7 @@ class Device(threading.Thread):
         self.forks_taken = 0  # corrections a fork had foreseen
 
     def emitted(self, position: int, tokens: list[int], rest: bool = False, rest_forks: bool = False) -> None:
-        self.updates.put((position, tokens, rest, rest_forks))
+        self.updates.put((position, tokens, rest, rest_forks, time.monotonic()))
 
     def stop(self) -> None:
         self.updates.put(STOP)
@@ -155,7 +195,8 @@ class Device(threading.Thread):
                     break
                 if update is STOP:
                     return
-                position, tokens, self.resting, self.forks_resting = update
+                position, tokens, self.resting, self.forks_resting, at = update
+                self.request.pace.heard(at)
                 rewind |= self._follow(position, tokens)
                 idle = block = False
             if self.resting:
@@ -239,18 +280,25 @@ class Device(threading.Thread):
 
     def _draft(self) -> bool:
         """One chunk from the first source with an offer, sent at once; every source follows it as if
-        it had been kept. False: nothing to draft on this text (wait for the server)."""
+        it had been kept. Before a model drafts, a long context is read a piece per call. False: nothing
+        to draft on this text (wait for the server)."""
         request = self.request
         request.between()
         context = self.text + self.ahead
         room = request.room(self.text, self.ahead)
         for source in request.sources:
             offer = source.offer(context, room)
-            if offer is None:
+            if offer is None or not source.free and request.pace.too_slow:
                 continue
             k = offer.limit if source.free else min(CHUNK, offer.limit)
+            if not source.free and hasattr(source, "read") and source.read(context, k, READ_PIECE):
+                return True  # a piece of the context read: news from the server is heard before the next
             while True:
+                start = time.perf_counter()
                 proposal = source.draft(context, offer, k, StepTimes())
+                if not source.free and proposal.draft is not None:
+                    draft = proposal.draft
+                    request.pace.drafted(time.perf_counter() - start - draft.read_s, len(draft.tokens))
                 proposal.proposed = until_eos(proposal.proposed[:room], request.eos_ids)
                 if proposal.proposed or k >= offer.limit:
                     break
@@ -308,6 +356,7 @@ class StreamRequest:
         self.half_rtt = remote.rtt_s / 2
         self.eos_ids = remote.eos_ids  # the device's line ends at the target's end of sequence
         self.prompt_len = 0
+        self.pace: Pace = remote.pace
 
     def room(self, text: list[int], ahead: list[int]) -> int:
         """Proposals that can still be verified after ``text + ahead`` (the request's last token is the target's)."""
@@ -353,6 +402,7 @@ class StreamRequest:
         inbox: queue.SimpleQueue = queue.SimpleQueue()
         device = None
         if self.sources:
+            self.pace.begin()
             call = remote.stub.Decode(self._up(pb.DecodeUp(start=start), outbox), metadata=remote.metadata)
             device = Device(self, ids, lambda position, tokens, forks: self._send(outbox, position, tokens, forks))
             device.start()

@@ -124,6 +124,15 @@ class ModelDraft:
         times.translate_s += (t1 - t0) + (time.perf_counter() - t2)
         return Proposal(tr.target_ids, draft, tr, translator, branches)
 
+    def read(self, ids: list[int], k: int, limit: int) -> int:
+        """Read up to ``limit`` drafter tokens of what a draft of ``k`` on ``ids`` would read first (a
+        prompt's catch-up); how many it would still read beyond ``limit`` (``Drafter.read``). The
+        streaming device reads a long prompt this way, so that a stream that ends meanwhile waits for
+        one piece, not the whole read."""
+        if self._ctx is None:
+            self._build_context(ids)
+        return self.drafter.read(self._ctx.ids, k, limit)
+
     def deepen(self, ids: list[int], proposal: Proposal, index: int, k: int) -> Proposal | None:
         """A fork of ``proposal`` (drafted after ``ids``) for a target that may correct it at drafted
         position ``index``: the drafter takes its runner-up there and drafts up to ``k`` more tokens
