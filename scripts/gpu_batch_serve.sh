@@ -7,6 +7,7 @@
 #   MODELS=folder with qwen.gguf   OUT=where logs and results go
 #   DEVICE=cuda|cpu (cpu: a dry run)   CLIENTS=1,2,4,8   N=2   TOKENS=64   MODES="one batch"
 #   DRAFTING=off|on|both   DRAFTER=builtin:smollm2-135m (with DRAFTING on or both)
+#   BENCH=1: then one client's `bench --modes server-stream,stream` (what the device drafted, and at what cost)
 set -uo pipefail
 MODELS=${MODELS:?} OUT=${OUT:?} DEVICE=${DEVICE:-cuda} CLIENTS=${CLIENTS:-1,2,4,8} N=${N:-2} TOKENS=${TOKENS:-64}
 PORT=${PORT:-50581} SERVER_CORES=${SERVER_CORES:-0-7} CLIENT_CORES=${CLIENT_CORES:-8-15} MODES=${MODES:-"one batch"}
@@ -30,5 +31,10 @@ for mode in $MODES; do
     OMP_NUM_THREADS=1 taskset -c "$CLIENT_CORES" python3 -m omnidraft experiment capacity --target "grpc://127.0.0.1:$PORT" \
         "${drafter[@]}" --drafting "$DRAFTING" --prompts humaneval --n "$N" --max-new-tokens "$TOKENS" \
         --clients "$CLIENTS" --out "$OUT/capacity-$mode" 2>"$OUT/capacity-$mode.log" | tail -8
+    if [ "${BENCH:-0}" = 1 ] && [ "$DRAFTING" != off ]; then
+        OMP_NUM_THREADS=1 taskset -c "$CLIENT_CORES" python3 -m omnidraft bench --target "grpc://127.0.0.1:$PORT" \
+            --drafter "$DRAFTER" --drafter-backend native --modes server-stream,stream --prompts humaneval --n "$N" \
+            --max-new-tokens "$TOKENS" --out "$OUT/bench-$mode" 2>"$OUT/bench-$mode.log" | grep -E "^\| (mode|server-stream|stream) "
+    fi
     kill $server; wait $server 2>/dev/null
 done

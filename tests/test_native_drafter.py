@@ -78,6 +78,28 @@ def test_a_context_read_in_pieces_leaves_what_one_read_leaves(native):
 
 
 @pytest.mark.real
+def test_the_drafter_is_timed_once_and_its_cache_left_on_the_context(native, real_models):
+    """The streaming device times its drafter before the first draft (``ModelDraft.token_seconds``): the
+    probe's steps must not stay in the cache, which keeps only a prefix of the context it reads next."""
+    from omnidraft.decode import SpeculativeDecoder
+    from omnidraft.runtime import build_bridge, encode_prompt
+    from omnidraft.target import TorchTarget
+
+    lm, _ = native
+    lm.apply_adapter(None)
+    lm.reset()
+    d_model, d_tok = real_models(DRAFTER)
+    t_model, t_tok = real_models("builtin:qwen2.5-coder-0.5b")
+    decoder = SpeculativeDecoder(TorchTarget(t_model, t_tok), Drafter(lm), build_bridge(d_model, d_tok, t_model, t_tok))
+    source, ids = decoder.source("drafter"), encode_prompt(t_tok, TEXT)
+    seconds = source.token_seconds(ids)
+    context = source._ctx.ids
+    assert 0 < seconds < 10 and lm.cached_ids == context[:4]
+    lm.logits_for(context[:10])
+    assert source.token_seconds(ids) == seconds and lm.cached_ids == context[:10]  # timed once
+
+
+@pytest.mark.real
 def test_it_follows_the_fp32_torch_drafter(native, real_models):
     lm, tok = native
     model, _ = real_models(DRAFTER)

@@ -13,8 +13,9 @@ from __future__ import annotations
 import time
 from types import SimpleNamespace
 
+from omnidraft.config import DecodeConfig
 from omnidraft.drafter.base import Draft
-from omnidraft.rpc.streaming import Device, Pace
+from omnidraft.rpc.streaming import Device, Pace, StreamRequest
 from omnidraft.sources.base import Offer
 from omnidraft.verify.proposal import Proposal
 
@@ -106,3 +107,18 @@ def test_a_stream_that_ends_during_a_long_read_waits_for_one_piece():
     d.stop()
     d.join(timeout=10)
     assert not d.is_alive() and d.error is None and model.drafts == 0
+
+
+def test_a_request_streams_drafts_up_only_where_the_device_has_something_the_server_lacks():
+    remote = SimpleNamespace(max_draft=8, rtt_s=0.0, eos_ids=frozenset(), pace=slow_pace())
+    drafter, context, history = (Source("drafter", free=False), Source("context", free=True),
+                                 Source("history", free=True))
+
+    def up(sources) -> bool:
+        return StreamRequest(remote, sources, None, DecodeConfig(), None, lambda: None)._drafts_up()
+
+    assert not up([context, drafter])  # the server looks up in the context itself; the drafter cannot keep up
+    assert up([history, context, drafter])  # a lookup history the server does not hold
+    assert not up([])
+    remote.pace = Pace()
+    assert up([context, drafter])  # a drafter not known to be slower than the server

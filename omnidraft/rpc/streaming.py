@@ -173,7 +173,7 @@ class Device(threading.Thread):
         self.forks_taken = 0  # corrections a fork had foreseen
 
     def emitted(self, position: int, tokens: list[int], rest: bool = False, rest_forks: bool = False) -> None:
-        self.updates.put((position, tokens, rest, rest_forks, time.monotonic()))
+        self.updates.put((position, tokens, rest, rest_forks))
 
     def stop(self) -> None:
         self.updates.put(STOP)
@@ -186,6 +186,7 @@ class Device(threading.Thread):
 
     def _loop(self) -> None:
         rewind = idle = False
+        self._time_drafter()
         while True:
             block = self.resting or not (self._line_due(idle) or self._fork_work() is not None)
             while True:  # every update that has come, waiting for one only when there is nothing to draft
@@ -195,8 +196,7 @@ class Device(threading.Thread):
                     break
                 if update is STOP:
                     return
-                position, tokens, self.resting, self.forks_resting, at = update
-                self.request.pace.heard(at)
+                position, tokens, self.resting, self.forks_resting = update
                 rewind |= self._follow(position, tokens)
                 idle = block = False
             if self.resting:
@@ -213,6 +213,14 @@ class Device(threading.Thread):
                     self._drop(ahead=True)
             elif (work := self._fork_work()) is not None:
                 self._fork(work)
+
+    def _time_drafter(self) -> None:
+        """The drafter's seconds per token, once per target (``Pace``): without it a request whose
+        answer comes before the first draft (a prompt's read takes longer) never learns it."""
+        pace = self.request.pace
+        for source in self.request.sources:
+            if pace.token_s is None and not source.free and hasattr(source, "token_seconds"):
+                pace.drafted(source.token_seconds(self.text), 1)
 
     def _line_due(self, idle: bool) -> bool:
         """Whether to draft the line on (forks wait until it is ``limit`` ahead: they never delay it)."""
@@ -401,8 +409,8 @@ class StreamRequest:
         outbox: queue.SimpleQueue = queue.SimpleQueue()
         inbox: queue.SimpleQueue = queue.SimpleQueue()
         device = None
-        if self.sources:
-            self.pace.begin()
+        self.pace.begin()
+        if self._drafts_up():
             call = remote.stub.Decode(self._up(pb.DecodeUp(start=start), outbox), metadata=remote.metadata)
             device = Device(self, ids, lambda position, tokens, forks: self._send(outbox, position, tokens, forks))
             device.start()
@@ -421,6 +429,14 @@ class StreamRequest:
                 device.stop()
                 device.join()
 
+    def _drafts_up(self) -> bool:
+        """Whether the request streams drafts up (``Decode``) or the server decodes alone (``Generate``,
+        looking up in the context itself where our lookup is on). A drafter slower per token than the
+        server's forward never has a token ahead of it (``Pace``), and the context lookup is the one
+        the server makes without a round trip: with nothing else to offer, a ``Decode`` stream only
+        costs messages, a device thread and the drafter's reads on both sides."""
+        return any(s.name != ContextLookup.name if s.free else not self.pace.too_slow for s in self.sources)
+
     def _read(self, ids: list[int], inbox: queue.SimpleQueue, device: Device | None) -> Iterator[StepResult]:
         while True:
             try:
@@ -436,6 +452,7 @@ class StreamRequest:
                 return
             if isinstance(message, grpc.RpcError):
                 raise message
+            self.pace.heard(time.monotonic())
             if message.position != len(ids):
                 raise OmnidraftError(f"the target at {self.remote.url} streamed position {message.position}, "
                                      f"expected {len(ids)}")

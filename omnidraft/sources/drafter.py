@@ -21,6 +21,7 @@ from omnidraft.config import DecodeConfig
 from omnidraft.drafter import Draft, Drafter, DraftPolicy, Sampler
 from omnidraft.drafter.policy import stop_rule
 from omnidraft.errors import OmnidraftError
+from omnidraft.kv import common_prefix_len
 from omnidraft.ngram.trie import NgramCache
 from omnidraft.sources.base import Offer, Parts, StepResult, StepTimes
 from omnidraft.sources.policy import DRAFTER
@@ -72,6 +73,7 @@ class ModelDraft:
         self._k_max = 0
         self._policy: SourcePolicy | None = None
         self._branch_cap = 0  # the request's --branch-rows (-1: the cost policy's)
+        self._token_s: float | None = None  # seconds per drafted token, once timed (token_seconds)
 
     @classmethod
     def build(cls, parts: Parts) -> ModelDraft | None:
@@ -132,6 +134,27 @@ class ModelDraft:
         if self._ctx is None:
             self._build_context(ids)
         return self.drafter.read(self._ctx.ids, k, limit)
+
+    def token_seconds(self, ids: list[int]) -> float:
+        """Seconds per token the drafter takes to draft here, timed once: the better of two steps on
+        top of what it has read of the context for ``ids`` (at least its first 4 tokens), then rolled
+        back to that, so its cache ends as the context's prefix it would read anyway."""
+        if self._token_s is None:
+            if self._ctx is None:
+                self._build_context(ids)
+            lm, context = self.drafter.lm, self._ctx.ids
+            base = context[: max(common_prefix_len(lm.cached_ids, context), min(4, len(context)))]
+            if not base:
+                return 0.0
+            lm.logits_for(base)
+            times = []
+            for _ in range(2):
+                start = time.perf_counter()
+                lm.step(base[-1])
+                times.append(time.perf_counter() - start)
+            lm.logits_for(base)  # the steps' tokens dropped (the cache keeps the common prefix)
+            self._token_s = min(times)
+        return self._token_s
 
     def deepen(self, ids: list[int], proposal: Proposal, index: int, k: int) -> Proposal | None:
         """A fork of ``proposal`` (drafted after ``ids``) for a target that may correct it at drafted
