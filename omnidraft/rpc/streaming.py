@@ -17,7 +17,10 @@ SpecEdge (arXiv 2505.17052) and AMUSD:
   (``Device``; off by default: measured not to pay with the drafters so far, docs/remote.md);
 - a message may tell the device to rest: the server's budget would verify none of a draft now and
   no exploration is due, so drafting would only spend the device's battery (and the server's time
-  on messages). The device drafts again when a message no longer says so.
+  on messages). The device drafts again when a message no longer says so;
+- a drafter slower per token than the server's forward (a CPU drafter against a GPU server) never
+  has a draft ahead of it: the device then drafts nothing with it (``Pace``), and a request with
+  nothing else the server lacks decodes over ``Generate`` with the server's own lookup.
 
 The server picks every token by the rule with per-position randomness, so the output is the
 target's own (greedy: identical; text-sample: the same sample for the same seed) whatever the
