@@ -13,7 +13,31 @@
 // lanes 0-7 only), and the end takes the same steps, so every output has the same bits as there.
 #include "skinny_common.h"
 
-// weight rows j .. j+J-1 against input rows x[0 .. M-1]; y points at output row 0, column j
+// A tile multiplies weight rows j .. j+J-1 by input rows x[0 .. M-1] (y points at output row 0, column
+// j). What every tile ends with, after its steps of 16 inputs (up to input i): 8 more inputs in the
+// first accumulator's lanes, then each output's sum in the order every build takes.
+template <int M, int J>
+static inline __attribute__((always_inline)) void finish_tile(__m512 (&acc)[J][M], const float* x, const float* w,
+                                                               float* y, int64_t i, int64_t n_in, int64_t n_out) {
+  if (i + 8 <= n_in) {
+    _Pragma("GCC unroll 16") for (int a = 0; a < J; ++a) {
+      const __m512 wv = _mm512_maskz_loadu_ps(0x00FF, w + a * n_in + i);
+      _Pragma("GCC unroll 16") for (int m = 0; m < M; ++m)
+        acc[a][m] = _mm512_mask3_fmadd_ps(wv, _mm512_maskz_loadu_ps(0x00FF, x + m * n_in + i), acc[a][m], 0x00FF);
+    }
+    i += 8;
+  }
+  _Pragma("GCC unroll 16") for (int a = 0; a < J; ++a) {
+    const float* wr = w + a * n_in;
+    _Pragma("GCC unroll 16") for (int m = 0; m < M; ++m) {
+      const __m256 lo = _mm512_castps512_ps256(acc[a][m]);
+      const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[a][m]), 1));
+      y[m * n_out + a] = finish(lo, hi, wr, x + m * n_in, i, n_in);
+    }
+  }
+}
+
+// up to 8 input rows: each step loads them all, then streams the J weight rows past them
 template <int M, int J>
 struct Tile {
 static inline void run(const float* x, const float* w, float* y, int64_t n_in, int64_t n_out) {
@@ -30,22 +54,7 @@ static inline void run(const float* x, const float* w, float* y, int64_t n_in, i
       _Pragma("GCC unroll 8") for (int m = 0; m < M; ++m) acc[a][m] = _mm512_fmadd_ps(wv, xv[m], acc[a][m]);
     }
   }
-  if (i + 8 <= n_in) {  // 8 more inputs: the first accumulator's lanes only
-    _Pragma("GCC unroll 8") for (int a = 0; a < J; ++a) {
-      const __m512 wv = _mm512_maskz_loadu_ps(0x00FF, w + a * n_in + i);
-      _Pragma("GCC unroll 8") for (int m = 0; m < M; ++m)
-        acc[a][m] = _mm512_mask3_fmadd_ps(wv, _mm512_maskz_loadu_ps(0x00FF, x + m * n_in + i), acc[a][m], 0x00FF);
-    }
-    i += 8;
-  }
-  _Pragma("GCC unroll 8") for (int a = 0; a < J; ++a) {
-    const float* wr = w + a * n_in;
-    _Pragma("GCC unroll 8") for (int m = 0; m < M; ++m) {
-      const __m256 lo = _mm512_castps512_ps256(acc[a][m]);
-      const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[a][m]), 1));
-      y[m * n_out + a] = finish(lo, hi, wr, x + m * n_in, i, n_in);
-    }
-  }
+  finish_tile<M, J>(acc, x, w, y, i, n_in, n_out);
 }
 };
 
@@ -72,22 +81,7 @@ static inline void run(const float* x, const float* w, float* y, int64_t n_in, i
       _Pragma("GCC unroll 16") for (int a = 0; a < J; ++a) acc[a][m] = _mm512_fmadd_ps(wv[a], xv, acc[a][m]);
     }
   }
-  if (i + 8 <= n_in) {  // 8 more inputs: the first accumulator's lanes only
-    _Pragma("GCC unroll 16") for (int a = 0; a < J; ++a) {
-      const __m512 wv = _mm512_maskz_loadu_ps(0x00FF, w + a * n_in + i);
-      _Pragma("GCC unroll 16") for (int m = 0; m < M; ++m)
-        acc[a][m] = _mm512_mask3_fmadd_ps(wv, _mm512_maskz_loadu_ps(0x00FF, x + m * n_in + i), acc[a][m], 0x00FF);
-    }
-    i += 8;
-  }
-  _Pragma("GCC unroll 16") for (int a = 0; a < J; ++a) {
-    const float* wr = w + a * n_in;
-    _Pragma("GCC unroll 16") for (int m = 0; m < M; ++m) {
-      const __m256 lo = _mm512_castps512_ps256(acc[a][m]);
-      const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[a][m]), 1));
-      y[m * n_out + a] = finish(lo, hi, wr, x + m * n_in, i, n_in);
-    }
-  }
+  finish_tile<M, J>(acc, x, w, y, i, n_in, n_out);
 }
 };
 
