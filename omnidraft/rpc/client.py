@@ -37,6 +37,7 @@ from omnidraft.home import home_dir
 from omnidraft.kv import common_prefix_len
 from omnidraft.rpc import prefix_digest
 from omnidraft.rpc.proto import pb, services
+from omnidraft.rpc.streaming import Pace, StreamRequest
 from omnidraft.target.base import RowRequest, SparseRows, Verdict
 from omnidraft.verify import IDS_ONLY_RULES
 from omnidraft.verify.proposal import Proposal, SamplingConfig
@@ -89,8 +90,6 @@ class RemoteTarget:
         self.timely_forwards = 0  # stream forwards that began with a usable draft (verified or not)
         self.forked_forwards = 0  # stream forwards that verified a fork of the device's draft (a correction it foresaw)
         self.fork_messages = 0  # drafts sent up with forks (the device forks its line in the time it would wait)
-        from omnidraft.rpc.streaming import Pace
-
         self.pace = Pace()  # the server's forwards and the device's drafter, timed across requests
         info = self._call(self.stub.Info, pb.InfoRequest())
         self.info = info
@@ -112,8 +111,6 @@ class RemoteTarget:
     def steps(self, ids: list[int], sources: Sequence[DraftSource], policy: AheadPolicy, config: SamplingConfig,
               rows: RowRequest | None, between: Callable[[], None]) -> Iterator[StepResult]:
         """The request as the server decodes it, one step per server forward (``streaming.py``)."""
-        from omnidraft.rpc.streaming import StreamRequest
-
         return StreamRequest(self, sources, policy, config, rows, between).steps(ids)
 
     def with_protocol(self, protocol: str) -> RemoteTarget:
