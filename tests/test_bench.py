@@ -48,11 +48,14 @@ def test_the_share_of_forwards_a_streamed_draft_reached_in_time(tmp_path):
     from omnidraft.bench.report import write_results
 
     runs = {"server-stream": [PromptRun([1, 2, 3, 4], 2.0, 4)],
-            "stream": [PromptRun([1, 2, 3, 4], 1.0, 2, timely_forwards=1, forked_forwards=1),
-                       PromptRun([5, 6], 1.0, 2, timely_forwards=2)]}
+            "stream": [PromptRun([1, 2, 3, 4], 1.0, 2, drafted_tokens=2, steps=2, timely_forwards=1, forked_forwards=1,
+                                 device_token_s=0.006),
+                       PromptRun([5, 6], 1.0, 2, timely_forwards=2, device_token_s=0.008)]}
     s = summarize(runs, baseline="server-stream")
     assert s["stream"]["timely_forward_share"] == 0.75 and s["server-stream"]["timely_forward_share"] == 0
     assert s["stream"]["forked_forward_share"] == 0.25
+    # the device drafts off the steps' clock (no draft seconds in them): its pace is the drafter's cost
+    assert abs(s["stream"]["drafter_ms_per_token"] - 7.0) < 1e-9 and s["server-stream"]["drafter_ms_per_token"] is None
     meta = dict(drafter="d", target="grpc://127.0.0.1:1", prompts="humaneval", n=2, max_new_tokens=4, draft_len=8,
                 draft_stop="auto", drafter_dtype="float32", temperature_sampling_modes=0.7, threads=1)
     write_results(tmp_path, meta, s)

@@ -84,6 +84,7 @@ class PromptRun:
     branch_rows: int = 0  # rows of the drafter's runner-up branches verified
     branch_steps: int = 0  # steps that kept a branch
     forked_forwards: int = 0  # a server's stream forwards that verified a fork of the device's draft (a correction it foresaw)
+    device_token_s: float | None = None  # a streaming device's drafter, seconds per token (its drafting is off the steps' clock)
 
     @property
     def tokens_per_s(self) -> float:
@@ -117,6 +118,7 @@ def summarize(runs: dict[str, list[PromptRun]], baseline: str | None = "target",
         split = {k: sum(r.split.get(k, 0.0) for r in mode_runs) for k in ("draft", "verify", "bridge", "other")}
         catch_up = sum(r.split.get("catch_up", 0.0) for r in mode_runs)
         drafted = sum(r.drafted_tokens for r in mode_runs if r.steps)  # our modes (lookup proposals are not drafted)
+        device = [r.device_token_s for r in mode_runs if r.device_token_s is not None]
         row = {
             "prompts": len(mode_runs),
             "new_tokens": tokens,
@@ -130,8 +132,10 @@ def summarize(runs: dict[str, list[PromptRun]], baseline: str | None = "target",
             "ngram_hits_proposed": sum(r.ngram_hits_proposed for r in mode_runs),
             "ngram_hits_accepted": sum(r.ngram_hits_accepted for r in mode_runs),
             "time_split_s": split,
-            # a drafted token's cost in the loop, without the catch-up reads after plain steps (reported apart)
-            "drafter_ms_per_token": 1000 * (split["draft"] - catch_up) / drafted if drafted else None,
+            # a drafted token's cost in the loop, without the catch-up reads after plain steps (reported apart);
+            # a streaming device drafts on its own thread, off the steps' clock: its measured pace instead
+            "drafter_ms_per_token": (1000 * (split["draft"] - catch_up) / drafted if drafted and split["draft"] > 0
+                                     else 1000 * statistics.fmean(device) if device else None),
             "catch_up_s": catch_up,
             "drafted_steps": sum(r.steps - r.plain_steps - r.lookup_steps for r in mode_runs),  # by the drafter
             "lookup_steps": sum(r.lookup_steps for r in mode_runs),
@@ -190,6 +194,12 @@ def fresh(decoder: SpeculativeDecoder) -> None:
         decoder.drafter.reset()
 
 
+def device_token_s(decoder: SpeculativeDecoder) -> float | None:
+    """A streaming device's drafter cost per token as its pace measured it (None: no drafter, or not a stream)."""
+    pace = getattr(decoder.target, "pace", None)
+    return pace.token_s if pace is not None and decoder.drafter is not None and decoder.target.streams else None
+
+
 def our_mode(decoder: SpeculativeDecoder, config: DecodeConfig) -> ModeFn:
     """A mode of our engine: the decoder's own stats give the counters and the time split."""
 
@@ -211,7 +221,7 @@ def our_mode(decoder: SpeculativeDecoder, config: DecodeConfig) -> ModeFn:
                                                  "bridge": s.bridge_s, "other": s.other_s},
                          s.steps, s.plain_steps, wire, s.lookup_steps, s.lookup_proposed, s.lookup_accepted, times,
                          getattr(decoder.target, "timely_forwards", 0) - timely, s.branch_rows, s.branch_steps,
-                         getattr(decoder.target, "forked_forwards", 0) - forked)
+                         getattr(decoder.target, "forked_forwards", 0) - forked, device_token_s(decoder))
 
     run.decoder = decoder  # what the draft policy measured and chose, for the report
     return run
