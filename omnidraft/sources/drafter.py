@@ -107,11 +107,10 @@ class ModelDraft:
         # plain or lookup steps went by: the drafter first reads what they emitted, a catch-up, not the
         # cost of drafting (counted in d, it would make every later draft look dearer)
         resumed = self._ctx is None or self._behind
-        if self._ctx is None:
-            self._build_context(ids)
+        context = self._context(ids)
         self._behind = False
         t1 = time.perf_counter()
-        draft = self.drafter.draft(self._ctx.ids, k, self._plan.policy)
+        draft = self.drafter.draft(context.ids, k, self._plan.policy)
         t2 = time.perf_counter()
         translator = self._plan.translator
         tr = translator.forward(ids, draft)
@@ -131,18 +130,14 @@ class ModelDraft:
         prompt's catch-up); how many it would still read beyond ``limit`` (``Drafter.read``). The
         streaming device reads a long prompt this way, so that a stream that ends meanwhile waits for
         one piece, not the whole read."""
-        if self._ctx is None:
-            self._build_context(ids)
-        return self.drafter.read(self._ctx.ids, k, limit)
+        return self.drafter.read(self._context(ids).ids, k, limit)
 
     def token_seconds(self, ids: list[int]) -> float:
         """Seconds per token the drafter takes to draft here, timed once: the better of two steps on
         top of what it has read of the context for ``ids`` (at least its first 4 tokens), then rolled
         back to that, so its cache ends as the context's prefix it would read anyway."""
         if self._token_s is None:
-            if self._ctx is None:
-                self._build_context(ids)
-            lm, context = self.drafter.lm, self._ctx.ids
+            lm, context = self.drafter.lm, self._context(ids).ids
             base = context[: max(common_prefix_len(lm.cached_ids, context), min(4, len(context)))]
             if not base:
                 return 0.0
@@ -177,6 +172,12 @@ class ModelDraft:
         tokens = draft.tokens + more.tokens
         longer = Draft(tokens, None, draft.context, len(tokens), runners_up=draft.runners_up + more.runners_up)
         return Proposal(self.bridge.forward_text(ids, tokens).target_ids, longer)
+
+    def _context(self, ids: list[int]) -> DrafterContext:
+        """The drafter's context, built from the text ``ids`` if a plain step dropped it."""
+        if self._ctx is None:
+            self._build_context(ids)
+        return self._ctx
 
     def _build_context(self, ids: list[int]) -> None:
         """The drafter's context for the text ``ids``, and the drafter tokens per target token it took."""
