@@ -89,3 +89,14 @@ def test_the_device_forks_only_while_the_server_says_forks_may_pay_and_drafts_no
     assert d._fork_work() is None
     d.ahead += [99]
     assert not d._line_due(idle=False)  # the line ends at the end of sequence
+
+
+def test_a_line_that_drafts_nothing_more_is_drafted_again_once_per_text():
+    d = device([0] * 10, [1, 2, 3])
+    assert d._retry() and d.ahead == []  # once: begin again from the emitted text
+    d.ahead = [1, 2, 3]  # the same line drafted again, and again nothing after it
+    assert not d._retry() and d.ahead == [1, 2, 3]  # kept, and the device waits for the server
+    d._follow(10, [1])  # news: the server kept a token
+    d.ahead.append(4)
+    assert d._retry() and d.ahead == []  # a new text: one more try
+    assert not device([0] * 10, [])._retry()  # nothing drafted on the emitted text itself: wait for more of it

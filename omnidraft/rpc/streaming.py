@@ -174,6 +174,7 @@ class Device(threading.Thread):
         self.resting = False  # the server said drafts do not pay now: draft nothing until it says otherwise
         self.forks_resting = False  # the server said forks do not pay now: fork nothing until it says otherwise
         self.forks_taken = 0  # corrections a fork had foreseen
+        self.retried_at = -1  # the text length at which the line was last drafted again from the text
 
     def emitted(self, position: int, tokens: list[int], rest: bool = False, rest_forks: bool = False) -> None:
         self.updates.put((position, tokens, rest, rest_forks))
@@ -210,12 +211,23 @@ class Device(threading.Thread):
                 rewind = False
             if self._line_due(idle):
                 if not self._draft():
-                    # nothing came of it: on top of its own unconfirmed tokens (a word that re-tokenizes across
-                    # them) the device begins again from the emitted text; on the emitted text it waits for more
-                    rewind, idle = bool(self.ahead), not self.ahead
-                    self._drop(ahead=True)
+                    rewind = self._retry()
+                    idle = not rewind
             elif (work := self._fork_work()) is not None:
                 self._fork(work)
+
+    def _retry(self) -> bool:
+        """After a chunk that drafted nothing: whether to draft the line again from the emitted text.
+        On top of its own unconfirmed tokens (a word that re-tokenizes across them) the device begins
+        again from the text, once per text it has heard; after that, or on the text itself, it keeps
+        what it sent and waits for the server. (The drafter drafts the same line again, so retrying
+        without news only sent the line again, shorter at first, and kept the device from hearing the
+        server's next correction for as long as the fruitless chunks took.)"""
+        if not self.ahead or self.retried_at == len(self.text):
+            return False
+        self.retried_at = len(self.text)
+        self._drop(ahead=True)
+        return True
 
     def _time_drafter(self) -> None:
         """The drafter's seconds per token, once per target (``Pace``): without it a request whose
