@@ -219,11 +219,13 @@ class Device(threading.Thread):
     def _retry(self) -> bool:
         """After a chunk that drafted nothing: whether to draft the line again from the emitted text.
         On top of its own unconfirmed tokens (a word that re-tokenizes across them) the device begins
-        again from the text, once per text it has heard; after that, or on the text itself, it keeps
-        what it sent and waits for the server. (The drafter drafts the same line again, so retrying
-        without news only sent the line again, shorter at first, and kept the device from hearing the
-        server's next correction for as long as the fruitless chunks took.)"""
-        if not self.ahead or self.retried_at == len(self.text):
+        again from the text, once per text it has heard: the drafter drafts the same line again, so
+        a second try without news would only resend it and delay hearing the server. After that it
+        keeps what it sent and waits; on the text itself there is no line, and no fork of one."""
+        if not self.ahead:
+            self._drop(ahead=True)
+            return False
+        if self.retried_at == len(self.text):
             return False
         self.retried_at = len(self.text)
         self._drop(ahead=True)
