@@ -142,16 +142,23 @@ class VerifyCosts:
         self.observations[k] = self.observations.get(k, 0) + 1
 
 
+OUTLIER = 3.0  # a drafting round counts as at most this many times the current d (DraftCost)
+
+
 class DraftCost:
     """d: the drafter's seconds per drafted token, an exponential moving average of observations.
 
     ``observe(tokens, seconds)`` takes one drafting round (``tokens`` drafted in ``seconds``);
-    ``d <- (1 - alpha) * d + alpha * seconds / tokens``. Before the first observation ``d`` is
-    ``initial`` (None: the first observation is taken as is).
+    ``d <- (1 - alpha) * d + alpha * min(seconds / tokens, outlier * d)``. Before the first
+    observation ``d`` is ``initial`` (None: the first observation is taken as is). The cap keeps one
+    round that waited on something else (a read, another process on the cores) from raising d
+    several-fold: a d too high stops drafting, and with it the observations that would lower it.
+    A drafter that really became slower still moves d up by (outlier - 1) * alpha per round.
     """
 
-    def __init__(self, initial: float | None = None, *, alpha: float = 0.1) -> None:
+    def __init__(self, initial: float | None = None, *, alpha: float = 0.1, outlier: float = OUTLIER) -> None:
         self.alpha = _check_alpha(alpha)
+        self.outlier = outlier
         self._d = float(initial) if initial is not None and _usable(initial) else None
         self.observations = 0
 
@@ -170,7 +177,7 @@ class DraftCost:
         if tokens <= 0 or not _usable(seconds):
             return
         per = seconds / tokens
-        self._d = per if self._d is None else self._d + self.alpha * (per - self._d)
+        self._d = per if self._d is None else self._d + self.alpha * (min(per, self.outlier * self._d) - self._d)
         self.observations += 1
 
 

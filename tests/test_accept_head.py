@@ -57,6 +57,21 @@ def test_untrained_head_is_the_confidence_rule():
         assert head.accept_prob(torch.randn(6) * 50, logits) == pytest.approx(0.75, rel=1e-4)
 
 
+def test_the_one_row_path_is_the_modules_forward():
+    """``accept_prob`` computes the features and layers in fewer passes (it runs per drafted token):
+    the same number as the module's forward on ``features``, for a trained-looking head."""
+    torch.manual_seed(0)
+    head = accept_head.AcceptHead(16, width=8)
+    with torch.no_grad():
+        for p in head.parameters():
+            p.normal_(0, 0.5)
+    for scale in (0.1, 3.0, 40.0):  # flat, peaked, one-hot-like drafter distributions
+        for _ in range(4):
+            hidden, logits = torch.randn(16) * 4, torch.randn(300) * scale
+            expected = float(torch.sigmoid(head(accept_head.features(hidden[None], logits[None])))[0])
+            assert head.accept_prob(hidden, logits) == pytest.approx(expected, rel=1e-4, abs=1e-6)
+
+
 def test_auc_by_ranks():
     labels = torch.tensor([0.0, 0.0, 1.0, 1.0])
     assert _auc(torch.tensor([0.1, 0.2, 0.8, 0.9]), labels) == 1.0

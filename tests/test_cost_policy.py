@@ -424,3 +424,54 @@ def test_a_chinese_catch_up_is_priced_in_the_drafters_own_tokens(real_pipeline):
     source.draft(ids, source.offer(ids, 8), 2, times)
     assert promised > 1.5 * len(ids)  # byte tokens: far more than the target's count
     assert abs(promised - times.catch_up_tokens) <= 0.1 * times.catch_up_tokens
+
+
+def test_a_drafter_whose_cache_new_weights_dropped_reads_the_context_as_a_catch_up():
+    """A trainer's new adapter version drops the drafter's KV cache between two steps of a request
+    (``AdapterSlot``). The next draft reads the whole context again: counted as drafting, that read
+    raised d several-fold after each published version, until the policy stopped drafting for good."""
+    d_model, target, bridge = tiny_pair()
+    decoder = SpeculativeDecoder(target, make_drafter(d_model, bridge, target), bridge)
+    source = decoder.source(DRAFTER)
+    ids = target.tokenizer.encode("the cat sat on the mat and the cat")
+    source.begin(ids, DecodeConfig(max_new_tokens=32, draft_len=3, draft_stop="fixed"), NoCostPolicy())
+    times = StepTimes()
+    proposal = source.draft(ids, source.offer(ids, 16), 3, times)
+    source.accept(StepResult(DRAFTER, DRAFTER, False, proposal, len(proposal.draft.tokens), 0, [ids[1]], False, None,
+                             times))
+    ids = ids + [ids[1]]
+    assert source.offer(ids, 16).unread == 0  # in step: the next draft is drafting only
+    decoder.drafter.reset()  # what applying a new adapter does
+    assert source.offer(ids, 16).unread >= len(ids) - 1  # the whole context, priced as a read
+    after = StepTimes()
+    source.draft(ids, source.offer(ids, 16), 3, after)
+    assert after.catch_up_tokens >= len(ids) - 1 and 0 < after.catch_up_s <= after.draft_s
+
+
+def test_one_slow_drafting_round_cannot_raise_d_several_fold():
+    d = DraftCost(0.004)
+    d.observe(4, 4 * 1.5)  # a round that waited 1.5 s per token on something else
+    assert d.seconds_per_token <= 0.004 * (1 + 0.1 * (3.0 - 1)) + 1e-12
+    for _ in range(40):
+        d.observe(4, 4 * 0.012)  # the drafter really became 3x slower: d follows
+    assert abs(d.seconds_per_token - 0.012) < 0.001
+
+
+def test_a_drafter_cost_kept_from_an_earlier_process_is_timed_again_and_the_verify_costs_are_not(tmp_path):
+    """A d kept too high (drafting slowed by a trainer on the same cores) would keep the drafter from
+    ever drafting, and so from ever lowering it: each process times d again at its first request."""
+    d_model, target, bridge = tiny_pair()
+    path = tmp_path / "pair.json"
+    kept = measured_policy(VerifyCosts.flat(0.150), drafter_s=5.0)
+    kept.keep_at(path)
+    kept.save()
+    decoder = SpeculativeDecoder(target, make_drafter(d_model, bridge, target), bridge)
+    decoder.cost_policy.keep_at(path)
+    assert decoder.cost_policy.draft_cost.seconds_per_token == 5.0
+    prompt = target.tokenizer.encode("the cat sat on")
+    config = DecodeConfig(max_new_tokens=8)
+    first = decoder.generate(prompt, config)
+    assert first.stats.measure_s > 0 and decoder.cost_policy.draft_cost.seconds_per_token < 1.0
+    assert set(decoder.cost_policy.verify_costs.table) == {0, 1}  # V is not timed again (that would add 2, 4, 8)
+    assert first.token_ids == SpeculativeDecoder(target).generate(prompt, config).token_ids
+    assert decoder.generate(prompt, config).stats.measure_s == 0  # once per process

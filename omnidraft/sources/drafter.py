@@ -96,6 +96,10 @@ class ModelDraft:
         # behind the text after plain steps (the text it has not seen, in its own tokens as estimated
         # from the last context) or after lookup steps (the tokens they emitted, already in the context)
         cached = len(self.drafter.lm.cached_ids)
+        if self._ctx is not None and not cached:
+            # its cache was dropped (new adapter weights: ``AdapterSlot``): the whole context is unread,
+            # and reading it is a catch-up; counted as drafting, one such read inflated d for good
+            self._behind = True
         if self._ctx is None:
             unread = max(round(len(ids) * self._per_target) - cached, 0)
         else:
@@ -104,9 +108,10 @@ class ModelDraft:
 
     def draft(self, ids: list[int], offer: Offer, k: int, times: StepTimes) -> Proposal:
         t0 = time.perf_counter()
-        # plain or lookup steps went by: the drafter first reads what they emitted, a catch-up, not the
-        # cost of drafting (counted in d, it would make every later draft look dearer)
-        resumed = self._ctx is None or self._behind
+        # plain or lookup steps went by, or new weights dropped its cache: the drafter first reads what
+        # it has not seen, a catch-up, not the cost of drafting (counted in d, it would make every
+        # later draft look dearer)
+        resumed = self._ctx is None or self._behind or not self.drafter.lm.cached_ids
         context = self._context(ids)
         self._behind = False
         t1 = time.perf_counter()

@@ -300,7 +300,9 @@ class CostPolicy:
     def __init__(self, k_max: int = 16, path: Path | None = None) -> None:
         self.verify_costs: VerifyCosts | None = None
         self.draft_cost = DraftCost(alpha=0.1)
-        self.read_cost = DraftCost(alpha=0.1)  # seconds per token the drafter reads to catch up
+        # seconds per token the drafter reads to catch up: a read of 2 tokens costs ~2 steps each, one of
+        # 300 a fraction of a step each, so no observation is an outlier
+        self.read_cost = DraftCost(alpha=0.1, outlier=math.inf)
         self.k_max = k_max
         self.acceptance: dict[str, AcceptanceStats] = {DRAFTER: AcceptanceStats(k_max, prior_mean=0.6, decay=0.995)}
         self.calibration = ConfidenceCalibration()
@@ -312,6 +314,7 @@ class CostPolicy:
         self.weights: str | None = None  # the drafter's adapter version its statistics describe (None: unknown)
         self.path = path  # where the state is kept (None: in memory only)
         self.machine = ""  # what the costs were measured on (CPU, kernels): other costs are measured again
+        self._stale_d = False  # d came from a file: timed again at this process's first request
         self._stop: CostAwareStop | None = None
         # where the chain was first rejected at a depth a branch hangs from: whether that branch had the
         # target's token (the drafter's runner-up is right about 0.4 of the time where its first choice is not)
@@ -323,7 +326,7 @@ class CostPolicy:
 
     @property
     def needs_measuring(self) -> bool:
-        return self.verify_costs is None
+        return self.verify_costs is None or self._stale_d
 
     @property
     def stats(self) -> AcceptanceStats:
@@ -345,14 +348,20 @@ class CostPolicy:
         """Time V(k) for k in MEASURE_KS and d on this prompt; returns the seconds it took, which the
         request's tok/s leaves out. The engines are reset after it, so the request still reads its
         whole prompt. ``verifier``: the decoder's (a local engine, or a remote target whose round
-        trip is part of V)."""
+        trip is part of V).
+
+        V kept from an earlier process is not timed again, but d is: it is learnt only from drafts,
+        so a d that came out too high (a drafter slowed by a trainer sharing the cores) would keep
+        the drafter from drafting, and from correcting it, in every later process."""
         t0 = time.perf_counter()
-        self.verify_costs = VerifyCosts(self._time_verifies(verifier, prompt_ids))
+        if self.verify_costs is None:
+            self.verify_costs = VerifyCosts(self._time_verifies(verifier, prompt_ids))
+            verifier.reset()
         if drafter is not None:  # lookup drafting alone: nothing else to time
             d, read = self._time_drafter(drafter, DrafterContext(bridge, prompt_ids).ids)
-            self.draft_cost, self.read_cost = DraftCost(d, alpha=0.1), DraftCost(read, alpha=0.1)
+            self.draft_cost, self.read_cost = DraftCost(d, alpha=0.1), DraftCost(read, alpha=0.1, outlier=math.inf)
             drafter.reset()
-        verifier.reset()
+        self._stale_d = False
         return time.perf_counter() - t0
 
     @staticmethod
@@ -423,9 +432,10 @@ class CostPolicy:
             self.acceptance.update(lookup)
             if state.get("machine") == self.machine:  # costs from other hardware or kernels: measure again
                 self.verify_costs, self.draft_cost = verify, DraftCost(draft, alpha=0.1)
+                self._stale_d = True
                 read = state.get("read_s")
                 self.read_cost = DraftCost(float(read) if isinstance(read, (int, float)) and read > 0 else None,
-                                           alpha=0.1)
+                                           alpha=0.1, outlier=math.inf)
             self.stats.tried, self.stats.accepted = tried, accepted
             self.calibration.tried, self.calibration.accepted = c_tried, c_accepted
             weights = state.get("weights")
