@@ -48,6 +48,9 @@ class DecodeConfig:
     # eq. (7)); "confidence" = the fixed threshold above; "fixed" = always draft_len tokens.
     draft_stop: str = "auto"
     stop_gamma: float = 0.5
+    # Whether the adapter's acceptance head (when it has one) gives the stop rule its estimates;
+    # False: the calibrated max q, as for a drafter without an adapter (the bench's greedy-nohead).
+    use_head: bool = True
     # How drafted tokens become target tokens: "tokens" is the paper's direct mapping + n-gram
     # cache (eq. (1), needed by the sampling rules); "text" re-tokenizes the drafted text with the
     # target tokenizer (SLEM-style, greedy only); "auto" picks the rule's first choice.

@@ -173,6 +173,14 @@ class DraftCost:
     def __float__(self) -> float:
         return self.seconds_per_token
 
+    def relax(self, toward: float, keep: float) -> None:
+        """Move d ``1 - keep`` of the way down to ``toward`` (a d timed in this process), never up.
+        d is observed only while drafting, so a d that rose while something else used the cores
+        would otherwise stop drafting for good: as rounds without drafting pass it returns to what
+        the drafter cost when last timed, and the next exploration observes it again."""
+        if self._d is not None and self._d > toward > 0:
+            self._d = toward + keep * (self._d - toward)
+
     def observe(self, tokens: int, seconds: float) -> None:
         if tokens <= 0 or not _usable(seconds):
             return

@@ -4,6 +4,7 @@ format, and its grip on drafting (tiny random models)."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -148,6 +149,31 @@ def test_head_decides_the_draft_length_and_never_the_output(decoder):
     assert 5.0 < long <= 6.0 and fixed == pytest.approx(long)  # a confident head drafts like fixed k
     assert 3.0 < four <= 4.0
     assert out_long == out_short == expected  # greedy output is the target's whatever the draft length
+
+
+def test_use_head_false_drafts_as_if_the_adapter_had_no_head(decoder):
+    """The bench's greedy-nohead mode: the cost-aware stop rule reads the calibrated max q instead of
+    the head, on the same drafter and adapter."""
+    from omnidraft.costs import DraftCost, VerifyCosts
+    from omnidraft.sources.policy import CostPolicy
+
+    def cheap_drafting() -> CostPolicy:  # a verify costs one step whatever its length, a drafted token ~nothing
+        policy = CostPolicy()
+        policy.verify_costs, policy.draft_cost = VerifyCosts.flat(0.150), DraftCost(0.0001)
+        return policy
+
+    cfg = DecodeConfig(max_new_tokens=24, draft_len=6, lookup=False)
+    kept = decoder.cost_policy
+    try:
+        decoder.drafter.head = _head_always(decoder, 6.0)  # P(accept) ≈ 0.998: every draft as long as allowed
+        decoder.cost_policy = cheap_drafting()
+        with_head, out = _drafted_per_step(decoder, cfg)
+        decoder.cost_policy = cheap_drafting()
+        without, out_without = _drafted_per_step(decoder, replace(cfg, use_head=False))
+    finally:
+        decoder.drafter.head, decoder.cost_policy = None, kept
+    # the random tiny drafter's max q is low: without the head its drafts are short or skipped
+    assert with_head > 3.0 and without < 0.5 * with_head and out == out_without
 
 
 def test_head_stop_without_a_head_is_a_clear_error(decoder):

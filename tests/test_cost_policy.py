@@ -475,3 +475,24 @@ def test_a_drafter_cost_kept_from_an_earlier_process_is_timed_again_and_the_veri
     assert set(decoder.cost_policy.verify_costs.table) == {0, 1}  # V is not timed again (that would add 2, 4, 8)
     assert first.token_ids == SpeculativeDecoder(target).generate(prompt, config).token_ids
     assert decoder.generate(prompt, config).stats.measure_s == 0  # once per process
+
+
+def test_a_drafter_cost_that_rose_while_the_drafter_sat_out_returns_to_its_timing():
+    """d is observed only while drafting: a d raised by a busy spell (a trainer on the same cores)
+    would keep the policy from drafting, and from observing d again, for the rest of the process.
+    Steps the drafter sits out bring it back toward what this process timed, never below it."""
+    d_model, target, bridge = tiny_pair()
+    decoder = SpeculativeDecoder(target, make_drafter(d_model, bridge, target), bridge)
+    prompt = target.tokenizer.encode("the cat sat on")
+    decoder.generate(prompt, DecodeConfig(max_new_tokens=4))  # times V and d
+    b = decoder.cost_policy
+    timed = b._timed_d
+    assert timed is not None and timed > 0
+    b.draft_cost = DraftCost(50 * timed)  # a busy spell
+    plain = StepResult(None, "", False, None, 0, 0, [1], False, None, StepTimes(0.0, 0.0, 0.150))
+    for _ in range(300):
+        b.learn(plain, reads_prompt=False)
+    assert timed <= b.draft_cost.seconds_per_token < 1.2 * timed  # back near the timing, not below it
+    fresh_cost = DraftCost(0.004)
+    fresh_cost.relax(0.010, 0.5)
+    assert fresh_cost.seconds_per_token == 0.004  # never raised

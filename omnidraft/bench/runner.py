@@ -25,9 +25,10 @@ from omnidraft.ngram.trie import NgramCache, NgramTrie
 # greedy-repeat: the same request a second time, with the lookup history of the first (a repeated session).
 # greedy-chain: greedy with chains only (no branches of the drafter's runner-up tokens beside them).
 # greedy-base: greedy with the drafter's base weights (no adapter, no acceptance head): what --adapter gains or
-# costs, measured in the same run.
+# costs, measured in the same run. greedy-nohead: greedy with the adapter but without its acceptance head (the
+# stop rule reads the calibrated max q): what the head gains or costs.
 OUR_MODES = ("target", "target-sample", "greedy", "greedy-ngram", "greedy-nocache", "tli", "omnidraft", "text-sample", "rdk", "slrs",
-             "lookup", "greedy-nolookup", "greedy-repeat", "greedy-base", "greedy-chain")
+             "lookup", "greedy-nolookup", "greedy-repeat", "greedy-base", "greedy-chain", "greedy-nohead")
 BASE_MODES = ("greedy-base",)  # the drafter without its adapter (a fork with base weights)
 SAMPLING_MODES = ("tli", "omnidraft", "text-sample", "rdk", "slrs", "hf-uag-sample", "target-sample")  # at --sample-temperature
 HF_MODES = ("hf-target", "hf-uag", "hf-lookup", "hf-uag-sample")
@@ -47,7 +48,7 @@ REMOTE_MODES = STREAM_MODES + ("target", "greedy", "greedy-ngram", "greedy-nocac
 ALL_MODES = OUR_MODES + ("greedy-onnx", "greedy-gguf") + HF_MODES + LLAMA_MODES + STREAM_MODES
 DEFAULT_MODES = ("target", "hf-target", "hf-uag", "greedy", "greedy-ngram", "greedy-nocache", "tli", "omnidraft")
 GREEDY_MODES = ("target", "hf-target", "hf-uag", "hf-lookup", "greedy", "greedy-ngram", "greedy-nocache", "greedy-onnx",
-                "greedy-gguf", "lookup", "greedy-nolookup", "greedy-repeat", "greedy-base", "greedy-chain") + LLAMA_MODES + STREAM_MODES
+                "greedy-gguf", "lookup", "greedy-nolookup", "greedy-repeat", "greedy-base", "greedy-chain", "greedy-nohead") + LLAMA_MODES + STREAM_MODES
 
 
 def baseline_of(mode: str, available: Collection[str] = ()) -> str:
@@ -394,6 +395,7 @@ def build_modes(pipe, modes: Sequence[str], base: DecodeConfig, temperature: flo
         "lookup": lambda: our_mode(SpeculativeDecoder(target, lookup=True), cfg(verify="greedy")),
         "greedy-nolookup": lambda: spec(cfg(verify="greedy", translate="text", lookup=False), ngrams_factory()),
         "greedy-chain": lambda: spec(cfg(verify="greedy", translate="text", branch_rows=0), ngrams_factory()),
+        "greedy-nohead": lambda: spec(cfg(verify="greedy", translate="text", use_head=False), ngrams_factory()),
         "greedy-base": lambda: our_mode(SpeculativeDecoder(target, base_drafter, bridge, ngrams_factory()),
                                         cfg(verify="greedy", translate="text")),
         "lookup@llamacpp": lambda: our_mode(SpeculativeDecoder(llama, lookup=True), cfg(verify="greedy")),

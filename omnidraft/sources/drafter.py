@@ -221,8 +221,9 @@ class ModelDraft:
         translator = self.translator(translation, config.use_ngram and info.uses_ngrams, config.use_ngram,
                                      config.slrs_lookahead)
         sampler = Sampler(config.temperature if info.keeps_q else 0.0, config.top_p, info.keeps_q, generator)
-        stop = policy.stop_rule(config.draft_len, self.drafter.head) or stop_rule(
-            config.draft_stop, self.drafter.head, config.draft_confidence, config.stop_gamma)
+        head = self.drafter.head if config.use_head else None
+        stop = policy.stop_rule(config.draft_len, head) or stop_rule(
+            config.draft_stop, head, config.draft_confidence, config.stop_gamma)
         draft_policy = translator.draft_policy(sampler, stop, self.drafter.lm.vocab_size)
         # token trees: greedy, a translator that can branch, and an engine that reads trees or a server that
         # takes forks of a streamed draft (the device deepens them in its idle time: ``deepen``)

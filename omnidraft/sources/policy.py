@@ -73,6 +73,7 @@ MEASURE_CONTEXT = 128  # context tokens behind the measured evals
 EXPLORE_EVERY = 16  # a skipped step drafts anyway this often, when drafting could pay at all
 EXPLORE_MAX = 256  # ... and, after explorations that lost time, up to this rarely (doubling each time)
 EXPLORE_SHARE = 0.01  # lookup explorations may lose at most this share of the steps with a lookup on offer
+STALE_D_KEEP = 0.98  # per step the drafter sat out, the share of d's excess over its last timing kept
 KEEP_ON_NEW_WEIGHTS = 0.25  # share of the drafter's acceptance evidence kept when its adapter changes
 # a lookup key's evidence fades over its last ~20 drafts: whether a copy continues is a property of the
 # text being written (a docstring repeated, a list that diverges every few items), not of a model
@@ -315,6 +316,7 @@ class CostPolicy:
         self.path = path  # where the state is kept (None: in memory only)
         self.machine = ""  # what the costs were measured on (CPU, kernels): other costs are measured again
         self._stale_d = False  # d came from a file: timed again at this process's first request
+        self._timed_d: float | None = None  # d as this process timed it (what a d left unobserved relaxes to)
         self._stop: CostAwareStop | None = None
         # where the chain was first rejected at a depth a branch hangs from: whether that branch had the
         # target's token (the drafter's runner-up is right about 0.4 of the time where its first choice is not)
@@ -360,6 +362,7 @@ class CostPolicy:
         if drafter is not None:  # lookup drafting alone: nothing else to time
             d, read = self._time_drafter(drafter, DrafterContext(bridge, prompt_ids).ids)
             self.draft_cost, self.read_cost = DraftCost(d, alpha=0.1), DraftCost(read, alpha=0.1, outlier=math.inf)
+            self._timed_d = d
             drafter.reset()
         self._stale_d = False
         return time.perf_counter() - t0
@@ -606,6 +609,8 @@ class CostPolicy:
     def learn(self, step: StepResult, reads_prompt: bool) -> None:
         """Fold one verified step in. ``reads_prompt``: the verify also read the prompt, so its time
         says nothing about V."""
+        if step.free or step.source is None:  # the drafter sat out this step
+            self.draft_cost.relax(self._timed_d or 0.0, STALE_D_KEEP)
         if step.source is None:  # a plain step
             if not reads_prompt:
                 self.verify_costs.observe(0, step.verify_s)
