@@ -360,3 +360,34 @@ def test_a_tampered_manifest_is_one_line_before_any_use(tiny_folder, tmp_path, h
         OrtCausalLM(folder)
     message = str(err.value)
     assert "\n" not in message and "manifest" in message and "export again" in message
+
+
+def test_fused_and_plain_attention_give_the_same_logits_through_reads_steps_and_a_rewind(tmp_path):
+    """The default export has one ``GroupQueryAttention`` node per layer (rotary and the causal mask
+    inside); ``attention="plain"`` spells the same in standard operators. Multi-row reads after a
+    past (a chunked prompt, a verify-sized read), one-token steps and a rewind must agree."""
+    import onnx
+    from tiny import tiny_model, tiny_tokenizer
+
+    tok = tiny_tokenizer(64)
+    model = tiny_model(len(tok), seed=3)
+    folders = {a: export_drafter(copy.deepcopy(model), tok, tmp_path / a, spec="tiny", attention=a)
+               for a in ("fused", "plain")}
+    for attention, folder in folders.items():
+        ops = {node.op_type for node in onnx.load(str(folder / "model.onnx"), load_external_data=False).graph.node}
+        assert ("GroupQueryAttention" in ops) == (attention == "fused")
+        assert json.loads((folder / "manifest.json").read_text())["attention"] == attention
+    runs = {}
+    for attention, folder in folders.items():
+        lm, rows = OrtCausalLM(folder, threads=1), []
+        ids = [(7 * i) % 60 + 2 for i in range(40)]
+        rows.append(lm.logits_for(ids[:17]))  # a read from nothing
+        rows.append(lm.logits_for(ids[:26]))  # 9 rows after a past of 17
+        rows += [lm.step(t) for t in ids[26:30]]
+        rows.append(lm.logits_for(ids[:21] + [5, 9]))  # a rewind, then 2 new rows
+        runs[attention] = rows
+    for fused, plain in zip(runs["fused"], runs["plain"]):
+        assert np.abs(fused - plain).max() < 1e-4
+    with torch.no_grad():  # and the plain graph is torch's model
+        expected = model.float()(torch.tensor([ids[:21] + [5, 9]])).logits[0, -1].numpy()
+    assert np.abs(runs["plain"][-1] - expected).max() < 1e-3

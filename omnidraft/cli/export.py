@@ -29,6 +29,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="merge this pair's trained adapter (a folder name from `omnidraft adapters list`) into the "
                         "weights: one target's drafter with no LoRA branches, at the base graph's cost per token; "
                         "it takes no other adapter (default folder <home>/export/<NAME>-<quant>)")
+    p.add_argument("--attention", choices=("fused", "plain"), default="fused",
+                   help="fused (default): onnxruntime's GroupQueryAttention node per layer (its contrib operators, in "
+                        "every standard build; faster); plain: standard ONNX operators only, for a runtime built "
+                        "without the contrib operators")
     p.add_argument("--out", type=Path, default=None, help="the export folder (default <home>/export/<drafter>-<quant>)")
     p.set_defaults(func=run)
 
@@ -119,7 +123,8 @@ def _export_graph(args: argparse.Namespace, out: Path, merged=None) -> int:
     what = f" with {args.merge_adapter} merged in" if merged is not None else ""
     print(f"omnidraft: exporting {args.drafter} ({args.quant}){what} to {out} …", file=sys.stderr)
     export_drafter(model, tokenizer, out, quant=args.quant, spec=args.drafter,
-                   model_sha256=builtin.sha256 if builtin else "", bridges=bridges, merged=merged)
+                   model_sha256=builtin.sha256 if builtin else "", bridges=bridges, merged=merged,
+                   attention=args.attention)
     if merged is not None:
         print(out)
         return 0

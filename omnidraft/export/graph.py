@@ -21,7 +21,39 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.onnx.operators
 from torch import nn
+
+class GroupQueryAttention(torch.autograd.Function):
+    """onnxruntime's fused ``com.microsoft::GroupQueryAttention`` (rotary inside, causal over past +
+    new): exported as that one node, and computed in torch by the same arithmetic as the unfused
+    graph for the trace. q/k/v are [1, s, heads * d] before rotary; cos/sin [max_positions, d / 2];
+    past [1, kv, past, d]. Returns the attention output [1, s, heads * d] and the presents."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, past_k, past_v, seqlens_k, total, cos, sin, heads_kv: tuple[int, int]):
+        heads, kv_heads = heads_kv
+        s, d, past = q.shape[1], past_k.shape[3], past_k.shape[2]
+        group = heads // kv_heads
+        c = torch.cat((cos, cos), -1)[past: past + s][None, None]
+        n = torch.cat((sin, sin), -1)[past: past + s][None, None]
+        q = q.view(1, s, heads, d).transpose(1, 2)
+        k = k.view(1, s, kv_heads, d).transpose(1, 2)
+        v = v.view(1, s, kv_heads, d).transpose(1, 2)
+        q, k = q * c + FlatDrafter._rotate(q) * n, k * c + FlatDrafter._rotate(k) * n
+        k, v = torch.cat((past_k, k), 2), torch.cat((past_v, v), 2)
+        mask = torch.full((s, past + s), float("-inf")).triu(past + 1)
+        scores = (q.reshape(1, kv_heads, group * s, d) @ k.transpose(2, 3)) / math.sqrt(d)
+        probs = (scores.reshape(1, kv_heads, group, s, past + s) + mask).softmax(-1).reshape(1, kv_heads, group * s, past + s)
+        out = (probs @ v).reshape(1, heads, s, d).transpose(1, 2).reshape(1, s, heads * d)
+        return out, k, v
+
+    @staticmethod
+    def symbolic(g, q, k, v, past_k, past_v, seqlens_k, total, cos, sin, heads_kv: tuple[int, int]):
+        heads, kv_heads = heads_kv
+        return g.op("com.microsoft::GroupQueryAttention", q, k, v, past_k, past_v, seqlens_k, total, cos, sin,
+                    num_heads_i=heads, kv_num_heads_i=kv_heads, do_rotary_i=1, rotary_interleaved_i=0, outputs=3)
+
 
 LORA_TARGETS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
                 "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")  # peft's "all-linear" on a llama block
@@ -35,9 +67,9 @@ def lora_modules(num_layers: int) -> list[str]:
 class FlatDrafter(nn.Module):
     """A transformers ``LlamaForCausalLM`` as a function of tensors (see the module docstring)."""
 
-    def __init__(self, model: nn.Module, lora: bool = True) -> None:
+    def __init__(self, model: nn.Module, lora: bool = True, fused: bool = False) -> None:
         super().__init__()
-        self.with_lora = lora
+        self.with_lora, self.fused = lora, fused
         cfg = model.config
         if cfg.model_type != "llama":
             raise ValueError(f"the ONNX export supports llama-architecture drafters, not {cfg.model_type!r}")
@@ -50,6 +82,10 @@ class FlatDrafter(nn.Module):
         self.register_buffer("inv_freq", rotary.inv_freq.detach().float().clone(), persistent=False)
         self.rope_scale = float(getattr(rotary, "attention_scaling", 1.0))
         self.modules_lora = lora_modules(self.layers)
+        # the fused node reads rotary from tables over every position, half a head wide
+        angles = torch.arange(cfg.max_position_embeddings, dtype=torch.float32)[:, None] * self.inv_freq[None, :]
+        self.register_buffer("cos_table", angles.cos() * self.rope_scale, persistent=False)
+        self.register_buffer("sin_table", angles.sin() * self.rope_scale, persistent=False)
 
     def _rms(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * weight
@@ -79,15 +115,26 @@ class FlatDrafter(nn.Module):
         cols = torch.arange(total)[None, :]
         mask = torch.where(cols > rows, torch.tensor(float("-inf")), torch.tensor(0.0))[None, None]
         x = inner.embed_tokens.weight[input_ids]
+        # the fused node's lengths, from the shapes (traced, not constants): past + new, and that minus one
+        total_len = (torch.onnx.operators.shape_as_tensor(pasts[0])[2]
+                     + torch.onnx.operators.shape_as_tensor(input_ids)[1]).to(torch.int32)
+        seqlens_k = (total_len - 1).reshape(1)
         presents = []
         group = self.heads // self.kv_heads
         for i, layer in enumerate(inner.layers):
-            att, mlp = layer.self_attn, layer.mlp
+            att = layer.self_attn
             name = f"model.layers.{i}"
             h = self._rms(x, layer.input_layernorm.weight)
             q = self._linear(h, att.q_proj.weight, *lora[f"{name}.self_attn.q_proj"])
             k = self._linear(h, att.k_proj.weight, *lora[f"{name}.self_attn.k_proj"])
             v = self._linear(h, att.v_proj.weight, *lora[f"{name}.self_attn.v_proj"])
+            if self.fused:
+                out, k, v = GroupQueryAttention.apply(q, k, v, pasts[2 * i], pasts[2 * i + 1], seqlens_k, total_len,
+                                                      self.cos_table, self.sin_table, (self.heads, self.kv_heads))
+                presents += [k, v]
+                x = x + self._linear(out, att.o_proj.weight, *lora[f"{name}.self_attn.o_proj"])
+                x = self._mlp(x, layer, lora, name)
+                continue
             q = q.view(1, s, self.heads, self.head_dim).transpose(1, 2)
             k = k.view(1, s, self.kv_heads, self.head_dim).transpose(1, 2)
             v = v.view(1, s, self.kv_heads, self.head_dim).transpose(1, 2)
@@ -104,13 +151,17 @@ class FlatDrafter(nn.Module):
             probs = scores.softmax(-1).reshape(1, self.kv_heads, group * s, total)
             out = (probs @ v).reshape(1, self.heads, s, self.head_dim).transpose(1, 2).reshape(1, s, self.heads * self.head_dim)
             x = x + self._linear(out, att.o_proj.weight, *lora[f"{name}.self_attn.o_proj"])
-            h = self._rms(x, layer.post_attention_layernorm.weight)
-            gate = self._linear(h, mlp.gate_proj.weight, *lora[f"{name}.mlp.gate_proj"])
-            up = self._linear(h, mlp.up_proj.weight, *lora[f"{name}.mlp.up_proj"])
-            x = x + self._linear(nn.functional.silu(gate) * up, mlp.down_proj.weight, *lora[f"{name}.mlp.down_proj"])
+            x = self._mlp(x, layer, lora, name)
         hidden = self._rms(x[:, -1], inner.norm.weight)
         logits = hidden @ self.model.get_output_embeddings().weight.t()
         return (logits[:, None], hidden, *presents)
+
+    def _mlp(self, x: torch.Tensor, layer: nn.Module, lora: dict, name: str) -> torch.Tensor:
+        mlp = layer.mlp
+        h = self._rms(x, layer.post_attention_layernorm.weight)
+        gate = self._linear(h, mlp.gate_proj.weight, *lora[f"{name}.mlp.gate_proj"])
+        up = self._linear(h, mlp.up_proj.weight, *lora[f"{name}.mlp.up_proj"])
+        return x + self._linear(nn.functional.silu(gate) * up, mlp.down_proj.weight, *lora[f"{name}.mlp.down_proj"])
 
     # ---- names and example tensors for the exporter
 

@@ -65,6 +65,7 @@ from omnidraft.export.manifest import (
 from omnidraft.fsutil import atomic_write_json, fsync_dir, fsync_tree
 
 OPSET = 17
+ATTENTIONS = ("fused", "plain")  # export_drafter's attention: onnxruntime's GroupQueryAttention node, or standard ops
 __all__ = ["FORMAT", "MANIFEST", "MODEL", "QUANTS", "export_adapter", "export_dir", "export_drafter", "install",
            "read_manifest", "write_adapter"]
 
@@ -75,8 +76,13 @@ def export_dir(home_root: Path, drafter_slug: str, quant: str) -> Path:
 
 def export_drafter(model: Any, tokenizer: Any, out: Path, *, quant: str = "fp32", spec: str = "",
                    model_sha256: str = "", bridges: dict[str, Any] | None = None, progress: bool = True,
-                   merged: Any = None) -> Path:
+                   merged: Any = None, attention: str = "fused") -> Path:
     """Write the export folder ``out``: built in a temporary sibling, then swapped in (:func:`install`).
+
+    ``attention``: "fused" is onnxruntime's ``com.microsoft::GroupQueryAttention`` (rotary and the
+    causal mask inside one node per layer; in every standard onnxruntime build, and what
+    onnxruntime-genai's own builder writes); "plain" spells it in standard ONNX operators, for a
+    runtime built without the contrib operators. Both give the same logits (a test checks it).
 
     ``merged``: a trained adapter (``adapter.store.LoadedAdapter``) merged into the weights, W + (α/r)·B·A,
     with no LoRA inputs in the graph: one target's drafter at the base graph's cost per token (the
@@ -86,6 +92,8 @@ def export_drafter(model: Any, tokenizer: Any, out: Path, *, quant: str = "fp32"
     instead of after a minute of work, and nothing it leaves is taken for a dead writer's."""
     if quant not in QUANTS:
         raise OmnidraftError(f"unknown --quant {quant!r}; choose one of {', '.join(QUANTS)}")
+    if attention not in ATTENTIONS:
+        raise OmnidraftError(f"unknown --attention {attention!r}; choose one of {', '.join(ATTENTIONS)}")
     out = Path(out)
     with holding(out):
         recover(out)
@@ -93,7 +101,7 @@ def export_drafter(model: Any, tokenizer: Any, out: Path, *, quant: str = "fp32"
         tmp = new_temp(out)
         try:
             _build(model, tokenizer, tmp, quant=quant, spec=spec, model_sha256=model_sha256, bridges=bridges or {},
-                   merged=merged)
+                   merged=merged, attention=attention)
             install(tmp, out)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -114,7 +122,7 @@ def install(tmp: Path, out: Path) -> Path:
 
 
 def _build(model: Any, tokenizer: Any, tmp: Path, *, quant: str, spec: str, model_sha256: str,
-           bridges: dict[str, Any], merged: Any = None) -> None:
+           bridges: dict[str, Any], merged: Any = None, attention: str = "fused") -> None:
     """Every file of an export into the empty folder ``tmp``; the manifest last, so a folder with a
     manifest is a complete one."""
     import onnx
@@ -134,7 +142,7 @@ def _build(model: Any, tokenizer: Any, tmp: Path, *, quant: str, spec: str, mode
             MergedLora(model).apply(merged.state, merged.scaling)
         except ValueError as exc:
             raise OmnidraftError(f"cannot merge {merged.path}: {exc}") from None
-    flat = FlatDrafter(model, lora=merged is None).eval()
+    flat = FlatDrafter(model, lora=merged is None, fused=attention == "fused").eval()
     raw = tmp / "raw.onnx"
     names_in, names_out = flat.input_names(), flat.output_names()
     dynamic = {"input_ids": {1: "seq"}}
@@ -147,9 +155,11 @@ def _build(model: Any, tokenizer: Any, tmp: Path, *, quant: str, spec: str, mode
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the legacy exporter's deprecation and tracer notes: chosen on purpose
         torch.onnx.export(flat, flat.example(), str(raw), input_names=names_in, output_names=names_out,
-                          dynamic_axes=dynamic, opset_version=OPSET, dynamo=False, do_constant_folding=True)
+                          dynamic_axes=dynamic, opset_version=OPSET, dynamo=False, do_constant_folding=True,
+                          autograd_inlining=False)  # the fused attention goes through its symbolic, untraced
     graph = onnx.load(str(raw))
     _empty_lora_defaults(graph, flat)
+    _declare_output_shapes(graph, flat, model)
     final = tmp / MODEL
     onnx.save(graph, str(final), save_as_external_data=True, all_tensors_to_one_file=True,
               location=f"{MODEL}.data", size_threshold=1024)
@@ -160,7 +170,7 @@ def _build(model: Any, tokenizer: Any, tmp: Path, *, quant: str, spec: str, mode
     targets = {name: _write_bridge(tmp / "bridge" / name, bridge) for name, bridge in bridges.items()}
     manifest = {
         "format": FORMAT, "kind": KIND, "drafter": spec, "drafter_sha256": model_sha256,
-        "architecture": arch, "quant": quant, "opset": OPSET,
+        "architecture": arch, "quant": quant, "opset": OPSET, "attention": attention,
         "layers": flat.layers, "kv_heads": flat.kv_heads, "head_dim": flat.head_dim,
         "hidden_size": int(model.config.hidden_size), "vocab_size": int(model.get_output_embeddings().weight.shape[0]),
         "max_positions": int(model.config.max_position_embeddings),
@@ -223,6 +233,27 @@ def _empty_lora_defaults(graph, flat) -> None:
     for module, (inp, out) in _lora_shapes(flat).items():
         for name, shape in ((f"{module}.lora_A.weight", (inp, 0)), (f"{module}.lora_B.weight", (0, out))):
             graph.graph.initializer.append(numpy_helper.from_array(np.zeros(shape, dtype=np.float32), name))
+
+
+def _declare_output_shapes(graph, flat, model) -> None:
+    """The outputs' element types and shapes, as every reader checks them (``manifest.check_graph``):
+    ONNX shape inference does not know onnxruntime's contrib operators, so past the fused attention
+    node the exporter leaves them unknown."""
+    import onnx
+
+    vocab, hidden = int(model.get_output_embeddings().weight.shape[0]), int(model.config.hidden_size)
+    shapes: dict[str, list] = {"logits": [1, 1, vocab], "hidden": [1, hidden]}
+    shapes.update({name: [1, flat.kv_heads, "total", flat.head_dim] for name in flat.output_names()[2:]})
+    for output in graph.graph.output:
+        tensor = output.type.tensor_type
+        tensor.elem_type = onnx.TensorProto.FLOAT
+        del tensor.shape.dim[:]
+        for size in shapes[output.name]:
+            dim = tensor.shape.dim.add()
+            if isinstance(size, int):
+                dim.dim_value = size
+            else:
+                dim.dim_param = size
 
 
 def _quantize_int8(model_path: Path, folder: Path) -> None:
