@@ -381,3 +381,43 @@ def test_chat_on_llama_cpp_streams_and_switches_target(tmp_path):
     assert chat.turn("The capital of France is").reply.strip()
     chat.child.sendline("/quit")
     assert chat.exit_status() == 0
+
+
+def test_while_the_user_types_the_drafter_reads_the_conversation_and_again_after_new_weights():
+    """``KeepUp``: the next turn's prompt starts with the conversation so far, so the drafter reads it
+    in the user's idle time and the turn's catch-up is the new message only. New weights (the
+    trainer's next version, taken between pieces) drop the cache: it reads again."""
+    from tiny import tiny_pair
+
+    from omnidraft.chat.session import KEEP_UP_PIECE, KeepUp
+    from omnidraft.decode import SpeculativeDecoder
+    from omnidraft.runtime import make_drafter
+    from omnidraft.vocab.reverse import DrafterContext
+
+    d_model, target, bridge = tiny_pair()
+    decoder = SpeculativeDecoder(target, make_drafter(d_model, bridge, target), bridge)
+    conversation = target.tokenizer.encode("the cat sat on the mat and the dog ran " * 20)
+    context = decoder.drafter.window(DrafterContext(bridge, conversation).ids, 8)  # what a draft of 8 reads first
+    lm = decoder.drafter.lm
+
+    class NewWeightsOnce:  # the adapter slot's side of a trainer that publishes one version meanwhile
+        taken = 0
+
+        def before_step(self) -> None:
+            if self.taken == 0 and len(lm.cached_ids) > KEEP_UP_PIECE:
+                self.taken += 1
+                decoder.drafter.reset()  # what applying a new adapter does
+
+    def read_all(keeper: KeepUp) -> None:
+        keeper.start(conversation)
+        deadline = time.monotonic() + 30
+        while len(lm.cached_ids) < len(context) - KEEP_UP_PIECE and time.monotonic() < deadline:
+            time.sleep(0.01)
+        keeper.stop()
+
+    assert len(context) > 3 * KEEP_UP_PIECE
+    slot = NewWeightsOnce()
+    read_all(KeepUp(decoder, slot, draft_len=8))
+    assert slot.taken == 1  # the version was taken between pieces, then the read started over
+    cached = list(lm.cached_ids)
+    assert cached == context[: len(cached)] and len(cached) >= len(context) - KEEP_UP_PIECE  # the draft reads the rest
