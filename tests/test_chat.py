@@ -403,7 +403,7 @@ def test_while_the_user_types_the_drafter_reads_the_conversation_and_again_after
     class NewWeightsOnce:  # the adapter slot's side of a trainer that publishes one version meanwhile
         taken = 0
 
-        def before_step(self) -> None:
+        def refresh(self) -> None:
             if self.taken == 0 and len(lm.cached_ids) > KEEP_UP_PIECE:
                 self.taken += 1
                 decoder.drafter.reset()  # what applying a new adapter does

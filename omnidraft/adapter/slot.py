@@ -1,8 +1,11 @@
-"""The adapter the inference drafter uses, swapped only between decoding steps.
+"""The adapter the inference drafter uses, swapped only between requests.
 
-:class:`AdapterSlot` is a decode observer: before each step it asks its ``source`` (the background
-trainer, when one runs) for a newly published version and, if there is one, loads, checks and
-applies it. Applying means the drafter backend's ``apply_adapter`` (a weight merge on torch, an
+:class:`AdapterSlot` is a decode observer: when a request starts it asks its ``source`` (the
+background trainer, when one runs) for a newly published version and, if there is one, loads,
+checks and applies it; whoever holds the drafter idle may ask too (:meth:`AdapterSlot.refresh`: the
+chat, while the user types). Not between a request's steps: a swap drops the drafter's KV cache, and
+re-reading the whole context mid-request cost more than the newer version won in the rest of it (a
+Chinese chat's turn re-read ~2,000 drafter tokens, 2.6 s, after a version published mid-turn). Applying means the drafter backend's ``apply_adapter`` (a weight merge on torch, an
 adapter switch on onnxruntime) plus the adapter's acceptance head; the drafter's KV cache was
 computed with the old weights, so it is dropped and rebuilt on the next draft, and the listeners
 (the draft policy, whose acceptance statistics described the old weights) are told.
@@ -56,7 +59,11 @@ class AdapterSlot(DecodeObserver):
         for listener in self.listeners:
             listener(self.weights)
 
-    def before_step(self) -> None:
+    def on_start(self, prompt_ids) -> None:
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Take the newest version the trainer published since the last look, if any."""
         if self.source is not None:
             published = self.source.poll()
             if published is not None:

@@ -137,7 +137,7 @@ class KeepUp:
             context = DrafterContext(self.bridge, conversation).ids
             while not self._stop.is_set():
                 if self.slot is not None:
-                    self.slot.before_step()
+                    self.slot.refresh()
                 if self.drafter.read(context, self.k, KEEP_UP_PIECE) == 0:  # read up to the draft's own last piece
                     self._stop.wait(KEEP_UP_POLL_S)
         except Exception:  # noqa: BLE001 - never the chat's failure: the next turn reads what is missing itself

@@ -24,29 +24,48 @@ import torch
 import torch.onnx.operators
 from torch import nn
 
+
+def rotate(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, past_k: torch.Tensor, past_v: torch.Tensor,
+           cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor, heads: int, kv_heads: int):
+    """Rotary, the new keys and values after the past, and causal grouped-query attention.
+
+    q/k/v [1, s, heads * d] (k, v: kv_heads * d) before rotary; past [1, kv_heads, past, d]; cos/sin
+    [1, 1, s, d] at the new positions; mask [1, 1, s, past + s] (0 or -inf). Returns the output
+    [1, s, heads * d] and the presents [1, kv_heads, past + s, d]. The queries of one kv head are
+    stacked along the sequence axis ([1, kv, group * s, d]), so k and v are not copied per query head."""
+    s, d = q.shape[1], past_k.shape[3]
+    group = heads // kv_heads
+    q = q.view(1, s, heads, d).transpose(1, 2)
+    k = k.view(1, s, kv_heads, d).transpose(1, 2)
+    v = v.view(1, s, kv_heads, d).transpose(1, 2)
+    q, k = q * cos + rotate(q) * sin, k * cos + rotate(k) * sin
+    k, v = torch.cat((past_k, k), dim=2), torch.cat((past_v, v), dim=2)
+    total = k.shape[2]
+    scores = (q.reshape(1, kv_heads, group * s, d) @ k.transpose(2, 3)) / math.sqrt(d)
+    scores = scores.reshape(1, kv_heads, group, s, total) + mask[:, :, None]
+    probs = scores.softmax(-1).reshape(1, kv_heads, group * s, total)
+    out = (probs @ v).reshape(1, heads, s, d).transpose(1, 2).reshape(1, s, heads * d)
+    return out, k, v
+
+
 class GroupQueryAttention(torch.autograd.Function):
-    """onnxruntime's fused ``com.microsoft::GroupQueryAttention`` (rotary inside, causal over past +
-    new): exported as that one node, and computed in torch by the same arithmetic as the unfused
-    graph for the trace. q/k/v are [1, s, heads * d] before rotary; cos/sin [max_positions, d / 2];
-    past [1, kv, past, d]. Returns the attention output [1, s, heads * d] and the presents."""
+    """onnxruntime's fused ``com.microsoft::GroupQueryAttention``: exported as that one node (its
+    symbolic; the export turns autograd inlining off so the forward is not traced), computed in torch
+    by :func:`attend` for the trace's values. The node takes q/k/v before rotary, the past, its two
+    lengths (``seqlens_k`` = past + s - 1, ``total``) and cos/sin tables [max_positions, d / 2]."""
 
     @staticmethod
     def forward(ctx, q, k, v, past_k, past_v, seqlens_k, total, cos, sin, heads_kv: tuple[int, int]):
-        heads, kv_heads = heads_kv
-        s, d, past = q.shape[1], past_k.shape[3], past_k.shape[2]
-        group = heads // kv_heads
-        c = torch.cat((cos, cos), -1)[past: past + s][None, None]
-        n = torch.cat((sin, sin), -1)[past: past + s][None, None]
-        q = q.view(1, s, heads, d).transpose(1, 2)
-        k = k.view(1, s, kv_heads, d).transpose(1, 2)
-        v = v.view(1, s, kv_heads, d).transpose(1, 2)
-        q, k = q * c + FlatDrafter._rotate(q) * n, k * c + FlatDrafter._rotate(k) * n
-        k, v = torch.cat((past_k, k), 2), torch.cat((past_v, v), 2)
-        mask = torch.full((s, past + s), float("-inf")).triu(past + 1)
-        scores = (q.reshape(1, kv_heads, group * s, d) @ k.transpose(2, 3)) / math.sqrt(d)
-        probs = (scores.reshape(1, kv_heads, group, s, past + s) + mask).softmax(-1).reshape(1, kv_heads, group * s, past + s)
-        out = (probs @ v).reshape(1, heads, s, d).transpose(1, 2).reshape(1, s, heads * d)
-        return out, k, v
+        s, past = q.shape[1], past_k.shape[2]
+        at = slice(past, past + s)
+        cos, sin = torch.cat((cos[at], cos[at]), -1)[None, None], torch.cat((sin[at], sin[at]), -1)[None, None]
+        mask = torch.full((s, past + s), float("-inf")).triu(past + 1)[None, None]
+        return attend(q, k, v, past_k, past_v, cos, sin, mask, *heads_kv)
 
     @staticmethod
     def symbolic(g, q, k, v, past_k, past_v, seqlens_k, total, cos, sin, heads_kv: tuple[int, int]):
@@ -91,11 +110,6 @@ class FlatDrafter(nn.Module):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * weight
 
     @staticmethod
-    def _rotate(x: torch.Tensor) -> torch.Tensor:
-        half = x.shape[-1] // 2
-        return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-    @staticmethod
     def _linear(x: torch.Tensor, weight: torch.Tensor, a_t: torch.Tensor | None = None, b_t: torch.Tensor | None = None) -> torch.Tensor:
         return x @ weight.t() if a_t is None else x @ weight.t() + (x @ a_t) @ b_t
 
@@ -120,7 +134,6 @@ class FlatDrafter(nn.Module):
                      + torch.onnx.operators.shape_as_tensor(input_ids)[1]).to(torch.int32)
         seqlens_k = (total_len - 1).reshape(1)
         presents = []
-        group = self.heads // self.kv_heads
         for i, layer in enumerate(inner.layers):
             att = layer.self_attn
             name = f"model.layers.{i}"
@@ -131,25 +144,9 @@ class FlatDrafter(nn.Module):
             if self.fused:
                 out, k, v = GroupQueryAttention.apply(q, k, v, pasts[2 * i], pasts[2 * i + 1], seqlens_k, total_len,
                                                       self.cos_table, self.sin_table, (self.heads, self.kv_heads))
-                presents += [k, v]
-                x = x + self._linear(out, att.o_proj.weight, *lora[f"{name}.self_attn.o_proj"])
-                x = self._mlp(x, layer, lora, name)
-                continue
-            q = q.view(1, s, self.heads, self.head_dim).transpose(1, 2)
-            k = k.view(1, s, self.kv_heads, self.head_dim).transpose(1, 2)
-            v = v.view(1, s, self.kv_heads, self.head_dim).transpose(1, 2)
-            q = q * cos + self._rotate(q) * sin
-            k = k * cos + self._rotate(k) * sin
-            k = torch.cat((pasts[2 * i], k), dim=2)
-            v = torch.cat((pasts[2 * i + 1], v), dim=2)
+            else:
+                out, k, v = attend(q, k, v, pasts[2 * i], pasts[2 * i + 1], cos, sin, mask, self.heads, self.kv_heads)
             presents += [k, v]
-            # grouped-query attention without copying k and v per query head: the queries of one
-            # kv head are stacked along the sequence axis ([1, kv, group * s, d])
-            qg = q.reshape(1, self.kv_heads, group * s, self.head_dim)
-            scores = (qg @ k.transpose(2, 3)) / math.sqrt(self.head_dim)
-            scores = scores.reshape(1, self.kv_heads, group, s, total) + mask[:, :, None]
-            probs = scores.softmax(-1).reshape(1, self.kv_heads, group * s, total)
-            out = (probs @ v).reshape(1, self.heads, s, self.head_dim).transpose(1, 2).reshape(1, s, self.heads * self.head_dim)
             x = x + self._linear(out, att.o_proj.weight, *lora[f"{name}.self_attn.o_proj"])
             x = self._mlp(x, layer, lora, name)
         hidden = self._rms(x[:, -1], inner.norm.weight)
