@@ -224,11 +224,15 @@ def test_a_catch_up_read_after_plain_steps_does_not_inflate_the_drafters_cost():
     b = measured_policy(VerifyCosts.flat(0.150), drafter_s=0.010)
     b.stop_rule(8, None)
     caught_up = step(DRAFTER, False, drafted=4, proposed=4, kept=2, draft_s=0.210 + 0.030, verify_s=0.150)
-    caught_up.times.catch_up_s = 0.200 + 0.010  # 30 skipped tokens read, then the first token's logits
-    caught_up.times.catch_up_tokens = 30
+    caught_up.times.catch_up_s = 0.200 + 0.010  # 40 skipped tokens read, then the first token's logits
+    caught_up.times.catch_up_tokens = 40
     b.learn(caught_up, reads_prompt=False)
     assert abs(b.draft_cost.seconds_per_token - 0.010) < 1e-9  # 3 more tokens in 30 ms: d stays 10 ms
-    assert abs(b.read_cost.seconds_per_token - 0.210 / 30) < 1e-9  # the read's own cost, per token read
+    assert abs(b.read_cost.seconds_per_token - 0.210 / 40) < 1e-9  # the read's own cost, per token read
+    short = step(DRAFTER, False, drafted=2, proposed=2, kept=2, draft_s=0.110, verify_s=0.150)
+    short.times.catch_up_s, short.times.catch_up_tokens = 0.100, 2  # two tokens: about a step each
+    b.learn(short, reads_prompt=False)
+    assert abs(b.read_cost.seconds_per_token - 0.210 / 40) < 1e-9  # a short read says nothing about a long one
     single = step(DRAFTER, False, drafted=1, proposed=1, kept=1, draft_s=0.200, verify_s=0.150)
     single.times.catch_up_s = 0.200
     b.learn(single, reads_prompt=False)  # nothing but the read: nothing learnt about d
@@ -486,13 +490,41 @@ def test_a_drafter_cost_that_rose_while_the_drafter_sat_out_returns_to_its_timin
     prompt = target.tokenizer.encode("the cat sat on")
     decoder.generate(prompt, DecodeConfig(max_new_tokens=4))  # times V and d
     b = decoder.cost_policy
-    timed = b._timed_d
-    assert timed is not None and timed > 0
-    b.draft_cost = DraftCost(50 * timed)  # a busy spell
+    timed, timed_read = b._timed
+    assert timed > 0 and timed_read > 0
+    b.draft_cost, b.read_cost = DraftCost(50 * timed), DraftCost(50 * timed_read)  # a busy spell
     plain = StepResult(None, "", False, None, 0, 0, [1], False, None, StepTimes(0.0, 0.0, 0.150))
     for _ in range(300):
         b.learn(plain, reads_prompt=False)
     assert timed <= b.draft_cost.seconds_per_token < 1.2 * timed  # back near the timing, not below it
+    assert timed_read <= b.read_cost.seconds_per_token < 1.2 * timed_read
     fresh_cost = DraftCost(0.004)
     fresh_cost.relax(0.010, 0.5)
     assert fresh_cost.seconds_per_token == 0.004  # never raised
+
+
+def test_the_adapter_slot_asks_the_trainer_once_per_request_not_between_steps(tmp_path):
+    """A new version drops the drafter's KV cache; mid-request the re-read of the whole context cost
+    more than the version won in the rest of the request. So the slot looks when a request starts
+    (and when the chat's idle drafter asks), never between steps."""
+    from omnidraft.adapter import store
+    from omnidraft.adapter.slot import AdapterSlot
+
+    d_model, target, bridge = tiny_pair()
+    drafter = make_drafter(d_model, bridge, target)
+    decoder = SpeculativeDecoder(target, drafter, bridge)
+    slot = AdapterSlot(drafter, store.Identity("d", "t", "a"), tmp_path / "pair--x")
+
+    class Trainer:  # publishes nothing; counts how often it is asked
+        polls = 0
+
+        def poll(self):
+            self.polls += 1
+
+    slot.source = Trainer()
+    decoder.observers.append(slot)
+    result = decoder.generate(target.tokenizer.encode("the cat sat on"), DecodeConfig(max_new_tokens=12))
+    assert decoder.stats.steps > 1 and len(result.token_ids) > 1
+    assert slot.source.polls == 1
+    slot.refresh()
+    assert slot.source.polls == 2

@@ -73,7 +73,12 @@ MEASURE_CONTEXT = 128  # context tokens behind the measured evals
 EXPLORE_EVERY = 16  # a skipped step drafts anyway this often, when drafting could pay at all
 EXPLORE_MAX = 256  # ... and, after explorations that lost time, up to this rarely (doubling each time)
 EXPLORE_SHARE = 0.01  # lookup explorations may lose at most this share of the steps with a lookup on offer
-STALE_D_KEEP = 0.98  # per step the drafter sat out, the share of d's excess over its last timing kept
+STALE_D_KEEP = 0.98  # per step the drafter sat out, the share of d's (and the read cost's) excess over its timing kept
+# Catch-up reads shorter than this do not teach the read cost per token: a read of 1-2 tokens costs
+# about a whole step each, one of hundreds a fraction of a step each, and the read cost prices the
+# long reads (a drafter that sat out steps); short ones inflated it ~50x in a chat, which then
+# priced every catch-up out
+READ_SAMPLE_MIN = 32
 KEEP_ON_NEW_WEIGHTS = 0.25  # share of the drafter's acceptance evidence kept when its adapter changes
 # a lookup key's evidence fades over its last ~20 drafts: whether a copy continues is a property of the
 # text being written (a docstring repeated, a list that diverges every few items), not of a model
@@ -301,9 +306,7 @@ class CostPolicy:
     def __init__(self, k_max: int = 16, path: Path | None = None) -> None:
         self.verify_costs: VerifyCosts | None = None
         self.draft_cost = DraftCost(alpha=0.1)
-        # seconds per token the drafter reads to catch up: a read of 2 tokens costs ~2 steps each, one of
-        # 300 a fraction of a step each, so no observation is an outlier
-        self.read_cost = DraftCost(alpha=0.1, outlier=math.inf)
+        self.read_cost = DraftCost(alpha=0.1)  # seconds per token the drafter reads to catch up (READ_SAMPLE_MIN)
         self.k_max = k_max
         self.acceptance: dict[str, AcceptanceStats] = {DRAFTER: AcceptanceStats(k_max, prior_mean=0.6, decay=0.995)}
         self.calibration = ConfidenceCalibration()
@@ -316,7 +319,7 @@ class CostPolicy:
         self.path = path  # where the state is kept (None: in memory only)
         self.machine = ""  # what the costs were measured on (CPU, kernels): other costs are measured again
         self._stale_d = False  # d came from a file: timed again at this process's first request
-        self._timed_d: float | None = None  # d as this process timed it (what a d left unobserved relaxes to)
+        self._timed = (0.0, 0.0)  # (d, read cost) as this process timed them: what costs left unobserved relax to
         self._stop: CostAwareStop | None = None
         # where the chain was first rejected at a depth a branch hangs from: whether that branch had the
         # target's token (the drafter's runner-up is right about 0.4 of the time where its first choice is not)
@@ -361,8 +364,8 @@ class CostPolicy:
             verifier.reset()
         if drafter is not None:  # lookup drafting alone: nothing else to time
             d, read = self._time_drafter(drafter, DrafterContext(bridge, prompt_ids).ids)
-            self.draft_cost, self.read_cost = DraftCost(d, alpha=0.1), DraftCost(read, alpha=0.1, outlier=math.inf)
-            self._timed_d = d
+            self.draft_cost, self.read_cost = DraftCost(d, alpha=0.1), DraftCost(read, alpha=0.1)
+            self._timed = (d, read)
             drafter.reset()
         self._stale_d = False
         return time.perf_counter() - t0
@@ -438,7 +441,7 @@ class CostPolicy:
                 self._stale_d = True
                 read = state.get("read_s")
                 self.read_cost = DraftCost(float(read) if isinstance(read, (int, float)) and read > 0 else None,
-                                           alpha=0.1, outlier=math.inf)
+                                           alpha=0.1)
             self.stats.tried, self.stats.accepted = tried, accepted
             self.calibration.tried, self.calibration.accepted = c_tried, c_accepted
             weights = state.get("weights")
@@ -610,14 +613,16 @@ class CostPolicy:
         """Fold one verified step in. ``reads_prompt``: the verify also read the prompt, so its time
         says nothing about V."""
         if step.free or step.source is None:  # the drafter sat out this step
-            self.draft_cost.relax(self._timed_d or 0.0, STALE_D_KEEP)
+            self.draft_cost.relax(self._timed[0], STALE_D_KEEP)
+            self.read_cost.relax(self._timed[1], STALE_D_KEEP)
         if step.source is None:  # a plain step
             if not reads_prompt:
                 self.verify_costs.observe(0, step.verify_s)
             return
         if not step.free:
             self._observe_draft_cost(step)
-            self.read_cost.observe(step.times.catch_up_tokens, step.times.catch_up_s)
+            if step.times.catch_up_tokens >= READ_SAMPLE_MIN:
+                self.read_cost.observe(step.times.catch_up_tokens, step.times.catch_up_s)
         if step.proposal is not None and step.proposal.branches:
             end = step.accepted - step.branch_kept  # where the chain stopped
             if any(b.depth == end for b in step.proposal.branches):
