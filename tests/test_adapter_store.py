@@ -163,3 +163,25 @@ def test_cli_adapters_list_show_remove_and_a_corrupt_adapter_path(tmp_path):
     assert_one_line_error(omnidraft(*env_home, "adapters", "show", "nope"), "no adapter named")
     removed = omnidraft(*env_home, "adapters", "remove", pair.name, "--yes")
     assert removed.returncode == 0 and not pair.exists()
+
+
+def test_the_trainers_next_version_keeps_the_drafters_cache_and_a_chosen_adapter_drops_it(tmp_path):
+    """``AdapterSlot.take`` (a version the trainer published) keeps the drafter's KV cache: dropping
+    it meant re-reading the whole context before the next draft. ``use`` (an adapter chosen at load
+    time) starts from an empty cache."""
+    from tiny import tiny_pair
+
+    from omnidraft.adapter.slot import AdapterSlot
+    from omnidraft.runtime import make_drafter
+
+    d_model, target, bridge = tiny_pair()
+    drafter = make_drafter(d_model, bridge, target)
+    slot = AdapterSlot(drafter, IDENTITY, tmp_path / "pair")
+    path = publish(tmp_path / "pair", _peft(), {"identity": vars(IDENTITY)})
+    before = drafter.lm.logits_for([3, 4, 5, 6]).clone()
+    slot.take(path)
+    assert slot.current is not None and drafter.lm.cached_ids == [3, 4, 5, 6]
+    after = drafter.lm.logits_for([3, 4, 5, 6, 7])  # reads one token on the kept cache, under the new weights
+    assert not torch.allclose(after, before)
+    slot.use(adapter_store.load(path, IDENTITY))
+    assert drafter.lm.cached_ids == []

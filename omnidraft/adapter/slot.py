@@ -3,12 +3,14 @@
 :class:`AdapterSlot` is a decode observer: when a request starts it asks its ``source`` (the
 background trainer, when one runs) for a newly published version and, if there is one, loads,
 checks and applies it; whoever holds the drafter idle may ask too (:meth:`AdapterSlot.refresh`: the
-chat, while the user types). Not between a request's steps: a swap drops the drafter's KV cache, and
-re-reading the whole context mid-request cost more than the newer version won in the rest of it (a
-Chinese chat's turn re-read ~2,000 drafter tokens, 2.6 s, after a version published mid-turn). Applying means the drafter backend's ``apply_adapter`` (a weight merge on torch, an
-adapter switch on onnxruntime) plus the adapter's acceptance head; the drafter's KV cache was
-computed with the old weights, so it is dropped and rebuilt on the next draft, and the listeners
-(the draft policy, whose acceptance statistics described the old weights) are told.
+chat, while the user types), so a request drafts with one version throughout. The drafter keeps
+its KV cache across the trainer's versions: dropping it meant re-reading the whole context before
+the next draft (a Chinese chat's turn re-read ~2,000 drafter tokens, 2.6 s), which the cost policy
+priced out, while keys computed under the previous version of the same adapter are close enough
+for a drafter whose output the verifier checks. Applying means the drafter backend's
+``apply_adapter`` (a weight merge on torch, an adapter switch on onnxruntime) plus the adapter's
+acceptance head, and the listeners (the draft policy, whose acceptance statistics described the old
+weights) are told.
 """
 
 from __future__ import annotations
@@ -44,18 +46,21 @@ class AdapterSlot(DecodeObserver):
         """Which weights the drafter runs: the adapter version's folder, or "none"."""
         return str(self.current.path) if self.current is not None else "none"
 
-    def use(self, loaded: store.LoadedAdapter | None) -> None:
-        """Apply ``loaded`` (None: back to the base weights); checked before anything changes."""
+    def use(self, loaded: store.LoadedAdapter | None, keep_cache: bool = False) -> None:
+        """Apply ``loaded`` (None: back to the base weights); checked before anything changes.
+        ``keep_cache``: the drafter keeps the keys it computed under the previous version (the
+        trainer's next version: see ``DraftLM.apply_adapter``); otherwise its cache is dropped."""
         head = None
         if loaded is not None and loaded.head_state is not None:
             head = head_mod.from_state(loaded.head_state, self.drafter.lm.hidden_size)
         if loaded is None:
-            self.drafter.lm.apply_adapter(None)
+            self.drafter.lm.apply_adapter(None, keep_cache=keep_cache)
         else:
-            self.drafter.lm.apply_adapter(loaded.state, loaded.scaling)
+            self.drafter.lm.apply_adapter(loaded.state, loaded.scaling, keep_cache=keep_cache)
         self.current = loaded
         self.drafter.head = head
-        self.drafter.reset()
+        if not keep_cache:
+            self.drafter.reset()
         for listener in self.listeners:
             listener(self.weights)
 
@@ -70,9 +75,10 @@ class AdapterSlot(DecodeObserver):
                 self.take(published.path)
 
     def take(self, path: Path) -> None:
-        """Use the version at ``path``; a version that cannot be used keeps the previous one."""
+        """Use the version at ``path`` (the trainer's next one: the drafter keeps its cache); a version
+        that cannot be used keeps the previous one."""
         try:
-            self.use(store.load(path, self.identity))
+            self.use(store.load(path, self.identity), keep_cache=True)
         except (store.AdapterProblem, ValueError) as exc:
             warn(f"trainer published an adapter that cannot be used ({exc}); keeping the previous one")
 

@@ -49,5 +49,9 @@ class DraftLM(Protocol):
     def fork(self) -> DraftLM:
         """Another instance with the same weights and a cache of its own (concurrent sessions)."""
 
-    def apply_adapter(self, state: dict[str, torch.Tensor] | None, scaling: float = 1.0) -> None:
-        """Use LoRA tensors (peft names; None: the base weights). Checked before anything changes."""
+    def apply_adapter(self, state: dict[str, torch.Tensor] | None, scaling: float = 1.0, keep_cache: bool = False) -> None:
+        """Use LoRA tensors (peft names; None: the base weights). Checked before anything changes.
+        ``keep_cache``: keep the KV cache computed under the previous weights (the next version of one
+        adapter: its keys differ from the old ones by far less than the drafter's own errors, and the
+        verifier keeps the output exact, while re-reading a long context costs seconds); else the
+        backend may drop it."""

@@ -88,9 +88,10 @@ class LlamaCppDraftLM:
     def gguf_shape(self) -> GgufShape:
         return GgufShape(self.engine.architecture, *self.engine.attention_dims())
 
-    def apply_adapter(self, state: dict[str, torch.Tensor] | None, scaling: float = 1.0) -> None:
+    def apply_adapter(self, state: dict[str, torch.Tensor] | None, scaling: float = 1.0, keep_cache: bool = False) -> None:
         """Use LoRA tensors (peft names) as a GGUF LoRA scaled by ``scaling``; None: the base weights.
-        A state that does not fit these weights raises ValueError before anything changes."""
+        A state that does not fit these weights raises ValueError before anything changes. llama.cpp
+        keeps its KV cache across an adapter change; whoever needs it dropped resets."""
         if state is None:
             self.engine.use_lora(None)
             self._adapter = None

@@ -175,9 +175,9 @@ class NativeDraftLM:
             fork._use(*self._adapter)
         return fork
 
-    def apply_adapter(self, state: dict[str, torch.Tensor] | None, scaling: float = 1.0) -> None:
+    def apply_adapter(self, state: dict[str, torch.Tensor] | None, scaling: float = 1.0, keep_cache: bool = False) -> None:
         """Use LoRA tensors (peft names) scaled by ``scaling``; None: the base weights. A state that does
-        not fit raises ValueError before anything changes."""
+        not fit raises ValueError before anything changes. ``keep_cache``: see ``DraftLM.apply_adapter``."""
         if state is None:
             self._use({}, 0.0)
             self._adapter = None
@@ -185,7 +185,8 @@ class NativeDraftLM:
             pairs = self._pairs(state)
             self._use(pairs, float(scaling))
             self._adapter = (pairs, float(scaling))
-        self.reset()  # the cached keys were computed under the old weights
+        if not keep_cache:
+            self.reset()  # the cached keys were computed under the old weights
 
     def _use(self, pairs: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]], scaling: float) -> None:
         self._cache.clear_lora()

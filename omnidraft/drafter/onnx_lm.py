@@ -68,10 +68,12 @@ class OrtCausalLM:
 
     # ---- adapters
 
-    def set_lora(self, tensors: dict[str, np.ndarray] | None) -> None:
-        """Feed these LoRA inputs (peft module names; Aᵀ and Bᵀ, α/r folded into B); None: the base model."""
+    def set_lora(self, tensors: dict[str, np.ndarray] | None, keep_cache: bool = False) -> None:
+        """Feed these LoRA inputs (peft module names; Aᵀ and Bᵀ, α/r folded into B); None: the base model.
+        ``keep_cache``: keep the past computed with the previous inputs (``DraftLM.apply_adapter``)."""
         self._lora = dict(tensors or {})
-        self.reset()  # the cache was computed with other weights
+        if not keep_cache:
+            self.reset()  # the cache was computed with other weights
 
     def set_adapter_file(self, path: str | Path | None) -> None:
         """Activate an ``.onnx_adapter`` (``None``: none) for the following runs, without a new session."""
@@ -154,7 +156,7 @@ class OnnxDraftLM:
         the active adapter is not carried over."""
         return OnnxDraftLM(self.ort.folder, self.threads)
 
-    def apply_adapter(self, state, scaling: float = 1.0) -> None:
+    def apply_adapter(self, state, scaling: float = 1.0, keep_cache: bool = False) -> None:
         """A trained adapter's peft tensors become the graph's LoRA inputs (α/r folded into B)."""
         if self.merged_adapter:  # no LoRA inputs: its weights are base + that adapter, and stay so
             if state is not None:
@@ -162,7 +164,7 @@ class OnnxDraftLM:
                                  f"it takes no other")
             return
         if state is None:
-            self.ort.set_lora(None)
+            self.ort.set_lora(None, keep_cache)
             return
         from omnidraft.adapter.merge import lora_pairs
 
@@ -173,4 +175,4 @@ class OnnxDraftLM:
                 raise ValueError(f"adapter module {module!r} does not fit the exported drafter")
             feeds[f"{module}.lora_A.weight"] = a.float().t().contiguous().numpy()  # the graph takes Aᵀ and Bᵀ
             feeds[f"{module}.lora_B.weight"] = (b.float() * scaling).t().contiguous().numpy()
-        self.ort.set_lora(feeds)  # modules the adapter leaves out keep their empty (rank-0) defaults
+        self.ort.set_lora(feeds, keep_cache)  # modules the adapter leaves out keep their empty (rank-0) defaults

@@ -69,7 +69,9 @@ class TorchDraftLM:
         """Another drafter with these weights and a KV cache of its own (one per concurrent session)."""
         return TorchDraftLM(copy.deepcopy(self.model), self.dtype)
 
-    def apply_adapter(self, state: dict[str, torch.Tensor] | None, scaling: float = 1.0) -> None:
+    def apply_adapter(self, state: dict[str, torch.Tensor] | None, scaling: float = 1.0, keep_cache: bool = False) -> None:
+        """Merge LoRA tensors into the weights (None: take the merged ones out). The cache is kept either
+        way: whoever changes the weights resets it where the old keys must not be used."""
         if state is None:
             if self._merged is not None:
                 self._merged.clear()
