@@ -506,7 +506,7 @@ def test_a_drafter_cost_that_rose_while_the_drafter_sat_out_returns_to_its_timin
 def test_the_adapter_slot_asks_the_trainer_once_per_request_not_between_steps(tmp_path):
     """A new version drops the drafter's KV cache; mid-request the re-read of the whole context cost
     more than the version won in the rest of the request. So the slot looks when a request starts
-    (and when the chat's idle drafter asks), never between steps."""
+    (or when asked: ``refresh``), never between steps."""
     from omnidraft.adapter import store
     from omnidraft.adapter.slot import AdapterSlot
 

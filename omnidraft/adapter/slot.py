@@ -2,8 +2,7 @@
 
 :class:`AdapterSlot` is a decode observer: when a request starts it asks its ``source`` (the
 background trainer, when one runs) for a newly published version and, if there is one, loads,
-checks and applies it; whoever holds the drafter idle may ask too (:meth:`AdapterSlot.refresh`: the
-chat, while the user types), so a request drafts with one version throughout. The drafter keeps
+checks and applies it, so a request drafts with one version throughout. The drafter keeps
 its KV cache across the trainer's versions: dropping it meant re-reading the whole context before
 the next draft (a Chinese chat's turn re-read ~2,000 drafter tokens, 2.6 s), which the cost policy
 priced out, while keys computed under the previous version of the same adapter are close enough
