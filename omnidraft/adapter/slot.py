@@ -14,6 +14,7 @@ weights) are told.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Protocol
 
@@ -63,7 +64,7 @@ class AdapterSlot(DecodeObserver):
         for listener in self.listeners:
             listener(self.weights)
 
-    def on_start(self, prompt_ids) -> None:
+    def on_start(self, prompt_ids: Sequence[int]) -> None:
         self.refresh()
 
     def refresh(self) -> None:

@@ -73,7 +73,7 @@ MEASURE_CONTEXT = 128  # context tokens behind the measured evals
 EXPLORE_EVERY = 16  # a skipped step drafts anyway this often, when drafting could pay at all
 EXPLORE_MAX = 256  # ... and, after explorations that lost time, up to this rarely (doubling each time)
 EXPLORE_SHARE = 0.01  # lookup explorations may lose at most this share of the steps with a lookup on offer
-STALE_D_KEEP = 0.98  # per step the drafter sat out, the share of d's (and the read cost's) excess over its timing kept
+STALE_COST_KEEP = 0.98  # per step the drafter sat out, the share of d's (and the read cost's) excess over its timing kept
 # Catch-up reads shorter than this do not teach the read cost per token: a read of 1-2 tokens costs
 # about a whole step each, one of hundreds a fraction of a step each, and the read cost prices the
 # long reads (a drafter that sat out steps); short ones inflated it ~50x in a chat, which then
@@ -613,8 +613,8 @@ class CostPolicy:
         """Fold one verified step in. ``reads_prompt``: the verify also read the prompt, so its time
         says nothing about V."""
         if step.free or step.source is None:  # the drafter sat out this step
-            self.draft_cost.relax(self._timed[0], STALE_D_KEEP)
-            self.read_cost.relax(self._timed[1], STALE_D_KEEP)
+            self.draft_cost.relax(self._timed[0], STALE_COST_KEEP)
+            self.read_cost.relax(self._timed[1], STALE_COST_KEEP)
         if step.source is None:  # a plain step
             if not reads_prompt:
                 self.verify_costs.observe(0, step.verify_s)
