@@ -184,3 +184,18 @@ def test_the_report_names_what_ran_the_drafter():
     assert "torch drafter in bfloat16" in meta_line(meta)  # a report from before the backend was recorded
     assert "drafter on native" in meta_line(dict(meta, drafter_backend="native"))
     assert "torch drafter" in meta_line(dict(meta, drafter_backend="auto"))
+
+
+def test_the_onnx_modes_use_the_homes_export_beside_a_backend_that_is_no_export(tmp_path):
+    """`bench --drafter-backend native --modes greedy,greedy-onnx` compares the native drafter with the
+    export: the -onnx modes must look up the home's export (it used to pass "native" on, get None
+    and fail with a TypeError), and say in one line how to make one when there is none."""
+    from omnidraft.cli.bench import onnx_backend
+    from omnidraft.errors import OmnidraftError
+    from omnidraft.runtime import onnx_export_for
+
+    for backend in ("auto", "torch", "native", "llamacpp"):
+        assert onnx_backend(backend) == "onnx"
+    assert onnx_backend(str(tmp_path / "an-export")) == str(tmp_path / "an-export")
+    with pytest.raises(OmnidraftError, match="omnidraft export"):
+        onnx_export_for("builtin:smollm2-135m", onnx_backend("native"), home=tmp_path)

@@ -173,13 +173,22 @@ def load_for_bench(args: argparse.Namespace, adapter: str | None = None, modes: 
                          drafter_backend="torch" if args.drafter_backend == "auto" else args.drafter_backend)
 
 
+def onnx_backend(drafter_backend: str) -> str:
+    """What the -onnx modes run: the export ``--drafter-backend`` names (a folder), else the home's
+    ("onnx": a one-line error where there is none). A backend that is no export (torch, native,
+    llamacpp) drafts the other modes and leaves the -onnx modes to the home's export."""
+    from omnidraft.runtime import GGUF_BACKENDS
+
+    return "onnx" if drafter_backend in ("auto", "torch", *GGUF_BACKENDS) else drafter_backend
+
+
 def _onnx_drafter(args: argparse.Namespace, pipe):
     """The drafter from its ONNX export (``--drafter-backend`` names one; default: the home's)."""
     from omnidraft.drafter import Drafter
     from omnidraft.drafter.onnx_lm import OnnxDraftLM
     from omnidraft.runtime import onnx_export_for
 
-    folder = onnx_export_for(args.drafter, "onnx" if args.drafter_backend in ("auto", "torch") else args.drafter_backend)
+    folder = onnx_export_for(args.drafter, onnx_backend(args.drafter_backend))
     return _with_pipeline_adapter(Drafter(OnnxDraftLM(folder), pipe.decoder.drafter.stop_ids), pipe)
 
 
