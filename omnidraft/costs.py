@@ -174,10 +174,10 @@ class DraftCost:
         return self.seconds_per_token
 
     def relax(self, toward: float, keep: float) -> None:
-        """Move d ``1 - keep`` of the way down to ``toward`` (a d timed in this process), never up.
-        d is observed only while drafting, so a d that rose while something else used the cores
-        would otherwise stop drafting for good: as rounds without drafting pass it returns to what
-        the drafter cost when last timed, and the next exploration observes it again."""
+        """Move the cost ``1 - keep`` of the way down to ``toward`` (its timing in this process), never
+        up. The policy's costs (d, the read cost) are observed only while drafting, so one that rose
+        while something else used the cores would otherwise stop drafting for good: as steps without
+        drafting pass it returns to the timing, and the next exploration observes it again."""
         if self._d is not None and self._d > toward > 0:
             self._d = toward + keep * (self._d - toward)
 
