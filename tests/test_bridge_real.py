@@ -34,6 +34,26 @@ def test_direct_mapped_pairs_decode_to_same_bytes(bridge):
 
 
 @pytest.mark.real
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(head=TEXT, tail=TEXT, cut=st.integers(0, 60), special=st.booleans())
+def test_plain_steps_appended_at_once_spell_the_text_and_keep_what_came_before(bridge, head, tail, cut, special):
+    """A plain step's tokens join the drafter's context when drafting resumes (``append_text``), all at
+    once: the context must spell the text, special tokens included, and leave the drafter tokens before
+    its look-behind as they were (the drafter's KV cache holds them)."""
+    t_ids = bridge.target_tokenizer.encode(head, add_special_tokens=False)
+    more = bridge.target_tokenizer.encode(tail, add_special_tokens=False)
+    if special:  # a turn's end marker inside the plain steps' tokens
+        more.insert(min(cut, len(more)), bridge.target_tokenizer.convert_tokens_to_ids(bridge.target_tokenizer.eos_token))
+    whole = DrafterContext(bridge, t_ids + more)
+    ctx = DrafterContext(bridge, t_ids)
+    before = list(ctx.ids)
+    ctx.append_text(more)
+    spell = lambda ids: b"".join(bridge.drafter_bytes(i) or bridge.d.special_text[i].encode() for i in ids)
+    assert spell(ctx.ids) == spell(whole.ids)
+    assert ctx.ids[: max(len(before) - 8, 0)] == before[: max(len(before) - 8, 0)]
+
+
+@pytest.mark.real
 def test_token_bytes_match_the_tokenizers_own_decoding(bridge):
     for tok, table in ((bridge.drafter_tokenizer, bridge.d), (bridge.target_tokenizer, bridge.t)):
         text = "naïve café — 東京 🙂 def f(x):\n\treturn x  # done"

@@ -430,6 +430,48 @@ def test_a_chinese_catch_up_is_priced_in_the_drafters_own_tokens(real_pipeline):
     assert abs(promised - times.catch_up_tokens) <= 0.1 * times.catch_up_tokens
 
 
+def test_after_plain_steps_the_drafter_keeps_its_own_tokens_and_reads_only_the_new_text(real_pipeline):
+    """A plain step used to drop the drafter's context, rebuilt from the text when drafting resumed.
+    Tokenized afresh, the reply no longer matched the tokens the drafter had drafted into its KV cache,
+    so every resume read the reply again from its first drafted word: in a 20-turn Chinese chat, seconds
+    of catch-up per turn, and the drafter drafting at a loss."""
+    from omnidraft.drafter import Draft
+
+    decoder, _, t_tok = real_pipeline("builtin:qwen2.5-coder-0.5b")
+    source, bridge, lm = decoder.source(DRAFTER), decoder.bridge, decoder.drafter.lm
+    ids = t_tok.encode("def pick(a, b):\n    return")
+    source.begin(ids, DecodeConfig(max_new_tokens=128, draft_len=8, draft_stop="fixed"), NoCostPolicy())
+    context = list(source._context(ids).ids)
+    # a draft spelt one character per drafter token: the text, but not as the tokenizer spells it
+    spelt = " a if a is not None else b"
+    drafted = [bridge.drafter_tokenizer.encode(c, add_special_tokens=False)[0] for c in spelt]
+    assert b"".join(bridge.drafter_bytes(t) for t in drafted) == spelt.encode()
+    assert len(bridge.drafter_tokenizer.encode(spelt, add_special_tokens=False)) < len(drafted) - 16
+    translator = source._plan.translator
+    draft = Draft(drafted, None, context, len(drafted))
+    tr = translator.forward(ids, draft)
+    assert b"".join(bridge.target_bytes(t) for t in tr.target_ids) == spelt.encode()  # all of it proposed
+    lm.reset()
+    lm.logits_for(context + drafted[:-1])  # what drafting them left in its cache
+    emitted = tr.target_ids + t_tok.encode("\n")
+    source.accept(StepResult(DRAFTER, DRAFTER, False, Proposal(tr.target_ids, draft, tr, translator), len(drafted),
+                             len(tr.target_ids), emitted, False, None, StepTimes()))
+    plain = t_tok.encode("\ndef other(a, b):\n    return b")
+    for token in plain:  # the policy sat these out
+        source.accept(StepResult(None, "", False, None, 0, 0, [token], False, None, StepTimes()))
+    text = ids + emitted + plain
+    new_text = len(bridge.target_to_drafter(plain))
+    offer = source.offer(text, 16)
+    assert 0 < offer.unread <= new_text + 8
+    after = StepTimes()
+    source.draft(text, offer, 2, after)
+    kept = len(context) + len(drafted) - 4  # the last few drafted tokens may be re-tokenized with the newline
+    assert lm.cached_ids[:kept] == (context + drafted)[:kept]
+    assert 0 < after.catch_up_tokens <= new_text + 8
+    spell = b"".join(bridge.drafter_bytes(t) or b"" for t in source._context(text).ids)
+    assert spell == b"".join(bridge.target_bytes(t) or b"" for t in text)
+
+
 def test_a_drafter_whose_cache_new_weights_dropped_reads_the_context_as_a_catch_up():
     """A trainer's new adapter version drops the drafter's KV cache between two steps of a request
     (``AdapterSlot``). The next draft reads the whole context again: counted as drafting, that read

@@ -5,8 +5,10 @@ target emitted (lines 17-19).
 Per request the source picks its strategies once (:meth:`ModelDraft.plan`): the translator the
 rule needs, and the drafter's sampler, constraint and stop rule. Its context follows the text: a
 step it drafted is reverse-translated with the draft, a lookup step's tokens are appended, and a
-plain step drops the context, which is rebuilt from the text when drafting resumes (plain steps on
-a compute-bound target must not pay for a drafter they do not use).
+plain step's tokens wait in a list until drafting resumes, when they are appended at once (plain
+steps must not pay for a drafter they do not use). The context keeps the drafter's own tokens of the
+text it drafted: rebuilt from the text it would be tokenized afresh, differ from what the drafter's
+KV cache holds from the first drafted word on, and the drafter would read the reply again.
 """
 
 from __future__ import annotations
@@ -65,7 +67,9 @@ class ModelDraft:
         self.target_vocab_size = parts.target.vocab_size
         self._translators: dict[tuple, Translator] = {}
         self._plan: Plan | None = None
-        self._ctx: DrafterContext | None = None  # None after a plain step: rebuilt when drafting resumes
+        self._ctx: DrafterContext | None = None  # the text in drafter tokens, up to ``_pending``
+        self._pending: list[int] = []  # target ids of plain steps, not in the context yet
+        self._covers = 0  # target ids of the text the context and ``_pending`` stand for
         self._behind = False  # another source's tokens joined the context since the drafter last read it
         # drafter tokens per target token of the text, from the last context built: SmolLM2 spells most
         # CJK characters as 2-3 byte tokens, so a Chinese catch-up reads ~2.5x the target's count
@@ -100,10 +104,12 @@ class ModelDraft:
             # its cache was dropped (new adapter weights: ``AdapterSlot``): the whole context is unread,
             # and reading it is a catch-up; counted as drafting, one such read inflated d for good
             self._behind = True
-        if self._ctx is None:
+        if self._ctx is None or self._covers != len(ids):
             unread = max(round(len(ids) * self._per_target) - cached, 0)
+        elif self._behind:
+            unread = max(len(self._ctx.ids) - cached, 0) + round(len(self._pending) * self._per_target)
         else:
-            unread = max(len(self._ctx.ids) - cached, 0) if self._behind else 0
+            unread = 0
         return Offer(self.name, min(self._k_max, room), unread=unread, room=room)
 
     def draft(self, ids: list[int], offer: Offer, k: int, times: StepTimes) -> Proposal:
@@ -111,7 +117,7 @@ class ModelDraft:
         # plain or lookup steps went by, or new weights dropped its cache: the drafter first reads what
         # it has not seen, a catch-up, not the cost of drafting (counted in d, it would make every
         # later draft look dearer)
-        resumed = self._ctx is None or self._behind or not self.drafter.lm.cached_ids
+        resumed = self._behind or not self.drafter.lm.cached_ids
         context = self._context(ids)
         self._behind = False
         t1 = time.perf_counter()
@@ -179,18 +185,24 @@ class ModelDraft:
         return Proposal(self.bridge.forward_text(ids, tokens).target_ids, longer)
 
     def _context(self, ids: list[int]) -> DrafterContext:
-        """The drafter's context, built from the text ``ids`` if a plain step dropped it."""
-        if self._ctx is None:
+        """The drafter's context for the text ``ids``: the plain steps' tokens appended, or built anew
+        where it does not stand for ``ids`` (a caller that skipped steps)."""
+        if self._ctx is None or self._covers != len(ids):
             self._build_context(ids)
+        elif self._pending:
+            self._ctx.append_text(self._pending)
+            self._pending = []
         return self._ctx
 
     def _build_context(self, ids: list[int]) -> None:
         """The drafter's context for the text ``ids``, and the drafter tokens per target token it took."""
         self._ctx = DrafterContext(self.bridge, ids)
+        self._pending, self._covers = [], len(ids)
         self._per_target = len(self._ctx.ids) / max(len(ids), 1)
 
     def accept(self, step: StepResult) -> None:
         translator = self._plan.translator
+        self._covers += len(step.emitted)
         if step.source == self.name:
             p = step.proposal
             kept_ids = step.emitted if step.branch_kept else p.proposed  # a branch's path is not the chain
@@ -199,8 +211,11 @@ class ModelDraft:
             step.ngram_hits = note_ngram_verdicts(self.ngrams, p.draft, p.translation, step.proposed, on_chain)
             if not step.done:  # reverse translation (Algorithm 1, lines 17-19)
                 translator.reverse(self._ctx, p.draft, p.translation, step.emitted, step.accepted)
-        elif step.source is None:
-            self._ctx = None
+        elif step.source is None:  # a plain step: appended when drafting resumes, if it does
+            self._pending += step.emitted
+            self._behind = True
+        elif self._pending:  # another source's target ids after plain steps: they wait with them
+            self._pending += step.emitted
         elif self._ctx is not None and not step.done:  # another source's target ids: the context follows the text
             translator.reverse(self._ctx, NO_DRAFT, Translation(), step.emitted, 0)
             self._behind = True

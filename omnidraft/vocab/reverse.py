@@ -73,6 +73,20 @@ class DrafterContext:
             return
         self.append_bytes(before + data, target_id if ngrams is not None else None, ngrams, len(before))
 
+    def append_text(self, target_ids: Sequence[int]) -> None:
+        """Append target tokens the drafter did not draft (plain steps), re-tokenized in one pass per
+        run of ordinary tokens: one tokenizer call where one per token would cost a step's worth."""
+        run = b""
+        for target_id in target_ids:
+            data = self.bridge.target_bytes(target_id)
+            if data is None:
+                self.append_target(target_id, None, before=run)
+                run = b""
+            else:
+                run += data
+        if run:
+            self.append_bytes(run)
+
     def append_bytes(self, data: bytes, target_id: int | None = None, ngrams: NgramTrie | None = None,
                      target_start: int = 0) -> None:
         """Append text, re-tokenized with a look-behind; ``data[target_start:]`` is target token
