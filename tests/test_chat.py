@@ -382,3 +382,33 @@ def test_chat_on_llama_cpp_streams_and_switches_target(tmp_path):
     chat.child.sendline("/quit")
     assert chat.exit_status() == 0
 
+def test_while_the_user_types_the_drafter_reads_the_conversation_that_the_next_turn_continues():
+    """``KeepUp``: the next turn's prompt continues the conversation so far, so the drafter reads it in
+    the user's idle time, through the drafter source, and the turn's catch-up is the new message only
+    (without it a drafter that sat out a few turns had the whole conversation to read, and the cost
+    policy rightly kept it out for the rest of the chat)."""
+    from tiny import tiny_pair
+
+    from omnidraft.chat.session import KEEP_UP_PIECE, KeepUp
+    from omnidraft.config import DecodeConfig
+    from omnidraft.decode import SpeculativeDecoder
+    from omnidraft.runtime import make_drafter
+    from omnidraft.sources.policy import NoCostPolicy
+    from omnidraft.vocab.reverse import DrafterContext
+
+    d_model, target, bridge = tiny_pair()
+    decoder = SpeculativeDecoder(target, make_drafter(d_model, bridge, target), bridge)
+    source, lm = decoder.source("drafter"), decoder.drafter.lm
+    conversation = target.tokenizer.encode("the cat sat on the mat and the dog ran " * 9)
+    context = DrafterContext(bridge, conversation).ids
+    assert len(context) > 3 * KEEP_UP_PIECE and decoder.drafter.window(context, 8) == context  # no slide here
+    keeper = KeepUp(source, draft_len=8)
+    keeper.start(conversation)
+    keeper._thread.join(timeout=60)  # it ends by itself once the conversation is read
+    keeper.stop()
+    cached = list(lm.cached_ids)
+    assert cached == context[: len(cached)] and len(cached) >= len(context) - KEEP_UP_PIECE  # the draft reads the rest
+    message = target.tokenizer.encode(" and the bird sang")
+    prompt = conversation + message
+    source.begin(prompt, DecodeConfig(max_new_tokens=8, draft_len=4, draft_stop="fixed"), NoCostPolicy())
+    assert 0 < source.offer(prompt, 8).unread <= len(context) - len(cached) + 3 * len(message)

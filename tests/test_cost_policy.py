@@ -430,17 +430,19 @@ def test_a_chinese_catch_up_is_priced_in_the_drafters_own_tokens(real_pipeline):
     assert abs(promised - times.catch_up_tokens) <= 0.1 * times.catch_up_tokens
 
 
-def test_after_plain_steps_the_drafter_keeps_its_own_tokens_and_reads_only_the_new_text(real_pipeline):
+def test_after_plain_steps_and_into_the_next_turn_the_drafter_keeps_its_own_tokens(real_pipeline):
     """A plain step used to drop the drafter's context, rebuilt from the text when drafting resumed.
     Tokenized afresh, the reply no longer matched the tokens the drafter had drafted into its KV cache,
     so every resume read the reply again from its first drafted word: in a 20-turn Chinese chat, seconds
-    of catch-up per turn, and the drafter drafting at a loss."""
+    of catch-up per turn, and the drafter drafting at a loss. A chat's next turn, whose prompt continues
+    the text, rebuilt the context the same way."""
     from omnidraft.drafter import Draft
 
     decoder, _, t_tok = real_pipeline("builtin:qwen2.5-coder-0.5b")
     source, bridge, lm = decoder.source(DRAFTER), decoder.bridge, decoder.drafter.lm
     ids = t_tok.encode("def pick(a, b):\n    return")
-    source.begin(ids, DecodeConfig(max_new_tokens=128, draft_len=8, draft_stop="fixed"), NoCostPolicy())
+    config = DecodeConfig(max_new_tokens=128, draft_len=8, draft_stop="fixed")
+    source.begin(ids, config, NoCostPolicy())
     context = list(source._context(ids).ids)
     # a draft spelt one character per drafter token: the text, but not as the tokenizer spells it
     spelt = " a if a is not None else b"
@@ -470,6 +472,13 @@ def test_after_plain_steps_the_drafter_keeps_its_own_tokens_and_reads_only_the_n
     assert 0 < after.catch_up_tokens <= new_text + 8
     spell = b"".join(bridge.drafter_bytes(t) or b"" for t in source._context(text).ids)
     assert spell == b"".join(bridge.target_bytes(t) or b"" for t in text)
+    # a request that continues this text (a chat's next turn) keeps the context and the drafter's tokens in it
+    turn = text + t_tok.encode("\nprint(pick(1, 2))")
+    source.begin(turn, config, NoCostPolicy())
+    assert source._context(turn).ids[:kept] == (context + drafted)[:kept]
+    other = t_tok.encode("def pick(a, b):\n    return a")  # another text: built afresh
+    source.begin(other, config, NoCostPolicy())
+    assert source._context(other).ids == bridge.target_to_drafter(other)
 
 
 def test_a_drafter_whose_cache_new_weights_dropped_reads_the_context_as_a_catch_up():

@@ -42,6 +42,7 @@ PROMPT = ">>> "
 DEFAULT_CONTEXT_WINDOW = 4096  # tokens; a CPU re-reads the whole prompt after a trim, keep it modest
 HISTORY_FILE = "chat_history"
 HISTORY_LENGTH = 1000
+KEEP_UP_PIECE = 64  # drafter tokens per read while the user types: a message that arrives waits for one piece
 PLAIN_TRANSCRIPT_STOPS = ("\nUser:",)  # a base model continues the transcript with the user's next turn
 TRANSCRIPT_FORMAT = "omnidraft-chat-transcript"
 
@@ -99,6 +100,41 @@ class TurnRecord:
                 "interrupted": self.interrupted, "adapter_version": self.adapter_version,
                 "prompt_tokens": len(self.prompt_ids),
                 "reply_tokens": len(self.reply_ids), "stats": self.stats.as_dict()}
+
+
+class KeepUp:
+    """While the user types, the drafter reads the conversation so far (the next prompt's prefix).
+
+    The cost policy prices the read a drafter must do before it drafts. After a few turns in which it
+    sat out, a drafter had the whole conversation to read (thousands of byte tokens in Chinese), so it
+    was not tried again, not even once the trainer had improved its adapter. Read in the user's idle
+    time, through the drafter source (whose context the next turn's prompt continues), the next turn's
+    catch-up is the new message only.
+    """
+
+    def __init__(self, source: Any, draft_len: int) -> None:
+        self.source, self.k = source, draft_len
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self, conversation: list[int]) -> None:
+        """Read ``conversation`` (target ids) in the background until :meth:`stop`."""
+        self._thread = threading.Thread(target=self._run, args=(conversation,), name="omnidraft-keep-up", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop after the piece being read (a message waits for one piece at most)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    def _run(self, conversation: list[int]) -> None:
+        try:
+            while not self._stop.is_set() and self.source.read(conversation, self.k, KEEP_UP_PIECE):
+                pass  # one piece per call: a message that arrives waits for one piece at most
+        except Exception:  # noqa: BLE001 - never the chat's failure: the next turn reads what is missing itself
+            self.source.drafter.reset()
 
 
 def close_ngram_cache(pipeline: Any) -> None:
@@ -255,6 +291,7 @@ class ChatSession:
         try:
             self.banner()
             while not self.finished:
+                keep_up = self.keep_up()
                 try:
                     line = input(PROMPT)
                 except KeyboardInterrupt:  # Ctrl-C at the prompt: drop the line, prompt again
@@ -263,12 +300,24 @@ class ChatSession:
                 except EOFError:  # Ctrl-D
                     self.write("\n")
                     break
+                finally:
+                    if keep_up is not None:
+                        keep_up.stop()
                 self.handle_line(line)
         finally:
             self.save_state()
             if previous is not None:
                 signal.signal(signal.SIGINT, previous)
         return 0
+
+    def keep_up(self) -> KeepUp | None:
+        """The drafter reading the conversation while the user types (None: nothing to read)."""
+        live = self.messages[self.context_start:]
+        if not self.speculative or not live:
+            return None
+        keeper = KeepUp(self.pipe.decoder.source("drafter"), self.config.draft_len)
+        keeper.start(self._render(live))
+        return keeper
 
     def banner(self) -> None:
         drafter = self.pipe.drafter_spec or "none"

@@ -8,7 +8,8 @@ step it drafted is reverse-translated with the draft, a lookup step's tokens are
 plain step's tokens wait in a list until drafting resumes, when they are appended at once (plain
 steps must not pay for a drafter they do not use). The context keeps the drafter's own tokens of the
 text it drafted: rebuilt from the text it would be tokenized afresh, differ from what the drafter's
-KV cache holds from the first drafted word on, and the drafter would read the reply again.
+KV cache holds from the first drafted word on, and the drafter would read the reply again. For the
+same reason a request whose prompt continues the last one's text (a chat's next turn) keeps it.
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ class ModelDraft:
         self._plan: Plan | None = None
         self._ctx: DrafterContext | None = None  # the text in drafter tokens, up to ``_pending``
         self._pending: list[int] = []  # target ids of plain steps, not in the context yet
-        self._covers = 0  # target ids of the text the context and ``_pending`` stand for
+        self._text: list[int] = []  # the target ids the context and ``_pending`` stand for
         self._behind = False  # another source's tokens joined the context since the drafter last read it
         # drafter tokens per target token of the text, from the last context built: SmolLM2 spells most
         # CJK characters as 2-3 byte tokens, so a Chinese catch-up reads ~2.5x the target's count
@@ -91,8 +92,9 @@ class ModelDraft:
         self._k_max = config.draft_len
         self._policy, self._branch_cap = policy, config.branch_rows
         # the prompt in drafter tokens, not read yet: the first draft's read of it is a catch-up, and its
-        # size is what the offers charge for it
-        self._build_context(ids)
+        # size is what the offers charge for it. A prompt that continues the last request's text (a chat's
+        # next turn) keeps that context, and with it the drafter's own tokens of the last reply
+        self._follow(ids)
         self._behind = True
         return True
 
@@ -104,7 +106,7 @@ class ModelDraft:
             # its cache was dropped (new adapter weights: ``AdapterSlot``): the whole context is unread,
             # and reading it is a catch-up; counted as drafting, one such read inflated d for good
             self._behind = True
-        if self._ctx is None or self._covers != len(ids):
+        if self._ctx is None or len(self._text) != len(ids):
             unread = max(round(len(ids) * self._per_target) - cached, 0)
         elif self._behind:
             unread = max(len(self._ctx.ids) - cached, 0) + round(len(self._pending) * self._per_target)
@@ -185,40 +187,51 @@ class ModelDraft:
         return Proposal(self.bridge.forward_text(ids, tokens).target_ids, longer)
 
     def _context(self, ids: list[int]) -> DrafterContext:
-        """The drafter's context for the text ``ids``: the plain steps' tokens appended, or built anew
-        where it does not stand for ``ids`` (a caller that skipped steps)."""
-        if self._ctx is None or self._covers != len(ids):
-            self._build_context(ids)
-        elif self._pending:
+        """The drafter's context for the text ``ids``, the tokens it has not taken in yet appended."""
+        if self._ctx is None or len(self._text) != len(ids):  # the steps' own text is not compared again
+            self._follow(ids)
+        if self._pending:
             self._ctx.append_text(self._pending)
             self._pending = []
         return self._ctx
 
+    def _follow(self, ids: list[int]) -> None:
+        """Make the context stand for the text ``ids``: the tokens past the text it stands for wait in
+        ``_pending`` where ``ids`` continues that text; otherwise it is built anew."""
+        n = len(self._text)
+        if self._ctx is not None and len(ids) >= n and ids[:n] == self._text:
+            self._pending += ids[n:]
+            self._text += ids[n:]
+        else:
+            self._build_context(ids)
+
     def _build_context(self, ids: list[int]) -> None:
         """The drafter's context for the text ``ids``, and the drafter tokens per target token it took."""
         self._ctx = DrafterContext(self.bridge, ids)
-        self._pending, self._covers = [], len(ids)
+        self._pending, self._text = [], list(ids)
         self._per_target = len(self._ctx.ids) / max(len(ids), 1)
 
     def accept(self, step: StepResult) -> None:
         translator = self._plan.translator
-        self._covers += len(step.emitted)
+        self._text += step.emitted
+        in_step = not step.done and not self._pending  # else the tokens wait, in the text's order
         if step.source == self.name:
             p = step.proposal
             kept_ids = step.emitted if step.branch_kept else p.proposed  # a branch's path is not the chain
             step.kept = translator.drafted_kept(p.draft, p.translation, step.accepted, kept_ids)
             on_chain = step.accepted - step.branch_kept
             step.ngram_hits = note_ngram_verdicts(self.ngrams, p.draft, p.translation, step.proposed, on_chain)
-            if not step.done:  # reverse translation (Algorithm 1, lines 17-19)
+            if not self._pending:  # reverse translation (Algorithm 1, lines 17-19); after the last step too:
+                # a chat's next turn continues this text, and the drafter's cache holds these tokens
                 translator.reverse(self._ctx, p.draft, p.translation, step.emitted, step.accepted)
-        elif step.source is None:  # a plain step: appended when drafting resumes, if it does
-            self._pending += step.emitted
-            self._behind = True
-        elif self._pending:  # another source's target ids after plain steps: they wait with them
-            self._pending += step.emitted
-        elif self._ctx is not None and not step.done:  # another source's target ids: the context follows the text
+                return
+        elif step.source is not None and in_step:  # another source's target ids: the context follows the text
             translator.reverse(self._ctx, NO_DRAFT, Translation(), step.emitted, 0)
             self._behind = True
+            return
+        # a plain step, the request's last step, or anything after plain steps: appended when drafting resumes
+        self._pending += step.emitted
+        self._behind = True
 
     def finish(self, prompt_len: int, ids: list[int]) -> None:
         pass
