@@ -66,6 +66,42 @@ def last_logits(model, ids) -> torch.Tensor:
         return model(torch.tensor([ids])).logits[0, -1].float()
 
 
+def long_document(tokenizer) -> list[int]:
+    """1,300 tokens of real prose and tables (one of the repository's docs) for long-context tests."""
+    return list(tokenizer.encode((REPO / "docs" / "online-distillation.md").read_text()))[:1300]
+
+
+def check_drop(lm, text: list[int], dropped: int = 300) -> None:
+    """A drafter backend's ``drop`` forgets cached positions and moves the later ones down, their keys
+    re-rotated to their new positions. What follows must then be closer to a fresh read of the kept
+    tokens than a cache that still holds the dropped ones is (keys left at their old angles are far
+    further off: KL ~30x, measured), and reading on must not need the kept tokens again."""
+
+    def kl(p_logits: torch.Tensor, q_logits: torch.Tensor) -> float:
+        return float(torch.nn.functional.kl_div(torch.log_softmax(q_logits, 0), torch.log_softmax(p_logits, 0),
+                                                log_target=True, reduction="sum"))
+
+    ids = text[:700]
+    kept = ids[:4] + ids[4 + dropped:]
+    fresh, full = lm.fork(), lm.fork()
+    fresh.logits_for(kept)
+    full.logits_for(ids)
+    lm.reset()
+    lm.logits_for(ids)
+    lm.drop(4, dropped)
+    assert lm.cached_ids == kept
+    off_dropped = off_full = 0.0
+    same = 0
+    for token in text[700:740]:
+        a, b, c = lm.step(token).clone(), fresh.step(token).clone(), full.step(token).clone()
+        off_dropped += kl(b, a)
+        off_full += kl(b, c)
+        same += int(a.argmax() == b.argmax())
+    assert off_dropped < 0.75 * off_full and same >= 32, (off_dropped, off_full, same)
+    with pytest.raises(ValueError):
+        lm.drop(len(lm.cached_ids) - 2, 3)
+
+
 def greedy_with_backend(lm, real_models, target_spec: str = "builtin:qwen2.5-coder-0.5b"):
     """(tokens greedy speculative decoding gives with drafter backend ``lm``, the target's own greedy
     tokens, that decoder's stats) on a torch target, drafting 4 tokens per step."""

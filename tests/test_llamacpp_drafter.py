@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import DRAFTER, TEST_HOME, greedy_with_backend, last_logits
+from conftest import DRAFTER, TEST_HOME, check_drop, greedy_with_backend, last_logits, long_document
 
 from omnidraft import models
 from omnidraft.adapter import gguf_lora
@@ -50,6 +50,14 @@ def test_the_cache_follows_the_token_list(gguf_lm):
     assert lm.cached_ids == ids[:20] and torch.allclose(again, first, atol=0.05, rtol=0)
     assert first.shape == (lm.vocab_size,) and lm.last_hidden.shape == (lm.hidden_size,)
     assert torch.isfinite(lm.last_hidden).all() and lm.last_hidden.abs().sum() > 0
+
+
+@pytest.mark.real
+def test_dropped_positions_leave_the_rest_rotated_into_place(gguf_lm):
+    """``drop`` (a sliding window without a re-read) on llama.cpp's cache: see ``check_drop``."""
+    lm, tok = gguf_lm
+    check_drop(lm, long_document(tok))
+    lm.reset()
 
 
 @pytest.mark.real

@@ -12,7 +12,7 @@ import shutil
 
 import pytest
 import torch
-from conftest import DRAFTER, TEST_HOME, greedy_with_backend, last_logits
+from conftest import DRAFTER, TEST_HOME, check_drop, greedy_with_backend, last_logits, long_document
 
 from omnidraft import kernels, models
 from omnidraft.adapter.store import architecture_fingerprint, identity_of
@@ -223,3 +223,39 @@ def test_the_bench_base_drafter_drops_the_adapter_and_leaves_the_original_adapte
         assert torch.equal(lm.logits_for(ids), adapted)
     finally:
         lm.apply_adapter(None)
+
+
+@pytest.fixture(scope="module")
+def long_text(native):
+    _, tok = native
+    return long_document(tok)
+
+
+@pytest.mark.real
+def test_dropped_positions_leave_the_rest_rotated_into_place(native, long_text):
+    """``drop`` (a sliding window without a re-read) on the native cache: see ``check_drop``."""
+    lm, _ = native
+    lm.apply_adapter(None)
+    check_drop(lm, long_text)
+
+
+@pytest.mark.real
+def test_a_window_that_slides_reads_only_the_new_tokens(native, long_text):
+    """Past ``DRAFT_WINDOW`` the drafter keeps the first tokens and a recent part; when that part moves
+    on, a drafter that can drop positions reads only what is new instead of the whole window again."""
+    from omnidraft.drafter.drafter import DRAFT_WINDOW, SINK
+    from omnidraft.drafter.policy import DraftPolicy, FixedLength, Sampler
+    from omnidraft.vocab.translate import FixedConstraint
+
+    lm, tok = native
+    lm.apply_adapter(None)
+    lm.reset()
+    drafter = Drafter(lm)
+    policy = DraftPolicy(Sampler(), FixedConstraint(torch.zeros(lm.vocab_size)), FixedLength())
+    first = drafter.draft(long_text[:DRAFT_WINDOW - 40], 4, policy)
+    assert first.read_tokens == DRAFT_WINDOW - 40  # no slide yet
+    context = long_text[:DRAFT_WINDOW + 100]
+    window = drafter.window(context, 4)
+    assert window[:SINK] == context[:SINK] and len(window) < DRAFT_WINDOW and window[-1] == context[-1]
+    second = drafter.draft(context, 4, policy)
+    assert second.read_tokens <= 140 and lm.cached_ids[: len(window)] == list(window)

@@ -49,6 +49,9 @@ class DraftLM(Protocol):
     def fork(self) -> DraftLM:
         """Another instance with the same weights and a cache of its own (concurrent sessions)."""
 
+    # Optional: ``drop(start, n)`` forgets cached positions [start, start + n) and moves the later ones
+    # down (their keys re-rotated), so a sliding window costs no re-read (``Drafter.window``).
+
     def apply_adapter(self, state: dict[str, torch.Tensor] | None, scaling: float = 1.0, keep_cache: bool = False) -> None:
         """Use LoRA tensors (peft names; None: the base weights). Checked before anything changes.
         ``keep_cache``: keep the KV cache computed under the previous weights (the next version of one

@@ -5,8 +5,12 @@ for token translation, anything with bytes for text translation); how a token is
 the draft ends is the policy's (``policy.py``). The model under it is a :class:`DraftLM` backend.
 
 The drafter's context window is its own, smaller than most targets': past it, the drafter reads
-only the most recent part of the conversation (a sliding window that moves in steps of a quarter
-window, so its KV cache is rebuilt once per quarter window, not at every token).
+the first SINK tokens and the most recent part of the conversation (a window that slides in steps
+of a quarter window). A backend that can drop cached positions (``DraftLM.drop``: the native and
+llama.cpp drafters) keeps what the window still covers, re-rotated, as llama.cpp's context shift and
+StreamingLLM (whose attention sinks the first tokens are) do; its window is also capped at
+DRAFT_WINDOW, because a drafted token's attention grows with the context while the drafter's use of
+a far context is small. Other backends read the window again once per quarter window.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ from omnidraft.drafter.policy import DraftPolicy
 from omnidraft.kv import common_prefix_len
 
 WINDOW_MARGIN = 16  # positions kept free for the draft itself
+SINK = 4  # first tokens every window keeps (StreamingLLM's attention sinks)
+DRAFT_WINDOW = 1024  # the window of a drafter that can drop positions (a token's attention cost grows with it)
 
 
 class Drafter:
@@ -37,14 +43,29 @@ class Drafter:
         self.lm.reset()
 
     def window(self, context: Sequence[int], k: int) -> Sequence[int]:
-        """The part of ``context`` the drafter reads before drafting up to ``k`` tokens: all of it,
-        or a sliding window at its limit."""
-        size = self.lm.max_positions - k - WINDOW_MARGIN
+        """What of ``context`` the drafter reads before drafting up to ``k`` tokens: all of it, or past
+        its limit the first SINK tokens and a recent part that slides a quarter window at a time."""
+        limit = min(self.lm.max_positions, DRAFT_WINDOW) if hasattr(self.lm, "drop") else self.lm.max_positions
+        size = limit - k - WINDOW_MARGIN
         if len(context) <= size:
             return context
-        step = max(size // 4, 1)
-        start = ((len(context) - size) // step + 1) * step
-        return context[start:]
+        step = max((size - SINK) // 4, 1)
+        start = SINK + ((len(context) - size) // step + 1) * step
+        return list(context[:SINK]) + list(context[start:])
+
+    def _slide(self, window: Sequence[int]) -> None:
+        """Where the window slid past what the cache holds, drop the positions it left behind from the
+        cache (a backend that can), so that only the new tokens are read."""
+        cached = self.lm.cached_ids
+        if not hasattr(self.lm, "drop") or len(window) <= SINK or len(cached) <= SINK:
+            return
+        if cached[:SINK] != list(window[:SINK]) or cached[SINK] == window[SINK]:
+            return  # another text, or the same window as before
+        body = list(window[SINK:SINK + 8])
+        for at in range(SINK + 1, len(cached) - len(body) + 1):
+            if cached[at:at + len(body)] == body:
+                self.lm.drop(SINK, at - SINK)
+                return
 
     @torch.inference_mode()
     def read(self, context: Sequence[int], k: int, limit: int) -> int:
@@ -52,6 +73,7 @@ class Drafter:
         it would still read beyond ``limit`` (0: the draft's own read is at most ``limit``, left to it).
         A long prompt's read then comes in pieces that whoever drafts can stop between."""
         window = self.window(context, k)
+        self._slide(window)
         cached = common_prefix_len(self.lm.cached_ids, window)
         left = len(window) - cached - limit
         if left <= 0:
@@ -68,6 +90,7 @@ class Drafter:
         policy.constraint.start()
         policy.stop.start()
         window = self.window(context, k)
+        self._slide(window)
         read_tokens = len(window) - common_prefix_len(self.lm.cached_ids, window)
         start = time.perf_counter()
         logits = self.lm.logits_for(window)

@@ -76,6 +76,10 @@ class LlamaCppDraftLM:
     def reset(self) -> None:
         self.engine.reset()
 
+    def drop(self, start: int, n: int) -> None:
+        """Forget cached positions [start, start + n); the later ones move down (``LlamaCppTarget.drop``)."""
+        self.engine.drop(start, n)
+
     def fork(self) -> LlamaCppDraftLM:
         """Another drafter over the same loaded weights with a KV cache of its own."""
         e = self.engine

@@ -168,6 +168,14 @@ class NativeDraftLM:
     def reset(self) -> None:
         self._ids = []
 
+    def drop(self, start: int, n: int) -> None:
+        """Forget cached positions [start, start + n); the later ones move down, keys re-rotated
+        (``Cache::drop``): a window that slides keeps what it still covers instead of reading it again."""
+        if not 0 <= start <= start + n <= len(self._ids):
+            raise ValueError(f"cannot drop positions {start}..{start + n} of {len(self._ids)}")
+        self._cache.drop(start, n, len(self._ids))
+        del self._ids[start:start + n]
+
     def fork(self) -> NativeDraftLM:
         """Another drafter over the same weights with a KV cache of its own, and this one's adapter."""
         fork = NativeDraftLM(self.weights, self.n_threads)

@@ -376,6 +376,36 @@ struct Cache {
     capacity = cap;
   }
 
+  // Forget positions [from, from + n) of the `length` held: the later ones move down by n, their keys
+  // turned back by n positions' rotary angle (a rotation composes: R(p - n) = R(-n) R(p)), as llama.cpp's
+  // context shift does. Their keys and values were computed with the dropped positions in view: kept,
+  // they are an approximation the verifier makes harmless (StreamingLLM keeps the first few as sinks).
+  void drop(int64_t from, int64_t n, int64_t length) {
+    const Model& M = *model;
+    TORCH_CHECK(from >= 0 && n >= 0 && from + n <= length && length <= capacity, "positions to drop out of range");
+    if (n == 0) return;
+    const int64_t D = M.head_dim, KV = M.n_kv * D;
+    std::vector<float> c(D / 2), s(D / 2);
+    for (int64_t i = 0; i < D / 2; ++i) {
+      const float a = -static_cast<float>(n) * M.inv_freq[i];
+      c[i] = std::cos(a); s[i] = std::sin(a);
+    }
+    for (size_t li = 0; li < k.size(); ++li) {
+      float* key = k[li].data();
+      for (int64_t p = from + n; p < length; ++p) {
+        const int64_t to = p - n;
+        for (int64_t h = 0; h < M.n_kv; ++h)
+          for (int64_t i = 0; i < D / 2; ++i) {
+            const int64_t e0 = h * D + 2 * i, e1 = e0 + 1;
+            const float x0 = key[((p / 8) * KV + e0) * 8 + p % 8], x1 = key[((p / 8) * KV + e1) * 8 + p % 8];
+            key[((to / 8) * KV + e0) * 8 + to % 8] = x0 * c[i] - x1 * s[i];
+            key[((to / 8) * KV + e1) * 8 + to % 8] = x0 * s[i] + x1 * c[i];
+          }
+      }
+      std::copy(v[li].begin() + (from + n) * KV, v[li].begin() + length * KV, v[li].begin() + from * KV);
+    }
+  }
+
   // tokens [rows] at positions pos..pos+rows-1 -> logits [vocab] of the last row
   torch::Tensor forward(torch::Tensor tokens, int64_t pos, int64_t n_threads) {
     const Model& M = *model;
@@ -513,5 +543,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("forward", &Cache::forward, pybind11::call_guard<pybind11::gil_scoped_release>())
       .def("set_lora", &Cache::set_lora)
       .def("clear_lora", &Cache::clear_lora)
+      .def("drop", &Cache::drop)
       .def_readonly("hidden", &Cache::hidden);
 }

@@ -108,8 +108,9 @@ class ModelDraft:
             self._behind = True
         if self._ctx is None or len(self._text) != len(ids):
             unread = max(round(len(ids) * self._per_target) - cached, 0)
-        elif self._behind:
-            unread = max(len(self._ctx.ids) - cached, 0) + round(len(self._pending) * self._per_target)
+        elif self._behind:  # what the drafter's window holds past its cache (``Drafter.window``)
+            window = len(self.drafter.window(self._ctx.ids, self._k_max))
+            unread = max(window - cached, 0) + round(len(self._pending) * self._per_target)
         else:
             unread = 0
         return Offer(self.name, min(self._k_max, room), unread=unread, room=room)
@@ -150,7 +151,7 @@ class ModelDraft:
         top of what it has read of the context for ``ids`` (at least its first 4 tokens), then rolled
         back to that, so its cache ends as the context's prefix it would read anyway."""
         if self._token_s is None:
-            lm, context = self.drafter.lm, self._context(ids).ids
+            lm, context = self.drafter.lm, self.drafter.window(self._context(ids).ids, 1)
             base = context[: max(common_prefix_len(lm.cached_ids, context), min(4, len(context)))]
             if not base:
                 return 0.0

@@ -468,6 +468,20 @@ class LlamaCppTarget:
         if keep < len(self.cached_ids):
             self._rollback(keep)
 
+    def drop(self, start: int, n: int) -> None:
+        """Forget cached positions [start, start + n) and move the later ones down by n: llama.cpp
+        re-rotates their keys at the next eval (its context shift). For a drafter's sliding window; a
+        target that must stay exact never calls it (the moved keys saw the dropped positions)."""
+        if not 0 <= start <= start + n <= len(self.cached_ids):
+            raise ValueError(f"cannot drop positions {start}..{start + n} of {len(self.cached_ids)}")
+        if n == 0:
+            return
+        if not self._lc.llama_memory_seq_rm(self._memory, 0, start, start + n):
+            self._rollback(start)  # this memory cannot drop a span: the rest is read again
+            return
+        self._lc.llama_memory_seq_add(self._memory, 0, start + n, -1, -n)
+        del self.cached_ids[start:start + n]
+
     def _rollback(self, keep: int) -> None:
         if not self._lc.llama_memory_seq_rm(self._memory, 0, keep, -1):
             # this memory cannot drop a suffix (recurrent state): start over from empty
