@@ -399,9 +399,9 @@ def test_while_the_user_types_the_drafter_reads_the_conversation_that_the_next_t
     d_model, target, bridge = tiny_pair()
     decoder = SpeculativeDecoder(target, make_drafter(d_model, bridge, target), bridge)
     source, lm = decoder.source("drafter"), decoder.drafter.lm
-    conversation = target.tokenizer.encode("the cat sat on the mat and the dog ran " * 9)
+    conversation = target.tokenizer.encode("the cat sat on the mat and the dog ran " * 7)
     context = DrafterContext(bridge, conversation).ids
-    assert len(context) > 3 * KEEP_UP_PIECE and decoder.drafter.window(context, 8) == context  # no slide here
+    assert len(context) > 2 * KEEP_UP_PIECE and decoder.drafter.window(context, 8) == context  # no slide here
     keeper = KeepUp(source, draft_len=8)
     keeper.start(conversation)
     keeper._thread.join(timeout=60)  # it ends by itself once the conversation is read

@@ -476,6 +476,12 @@ def test_after_plain_steps_and_into_the_next_turn_the_drafter_keeps_its_own_toke
     turn = text + t_tok.encode("\nprint(pick(1, 2))")
     source.begin(turn, config, NoCostPolicy())
     assert source._context(turn).ids[:kept] == (context + drafted)[:kept]
+    # one that departs from the text near its end (a chat re-renders the last reply) keeps it up to there
+    departed = turn[:-2] + t_tok.encode(" # done")
+    source.begin(departed, config, NoCostPolicy())
+    ctx = source._context(departed).ids
+    assert ctx[:kept] == (context + drafted)[:kept]
+    assert b"".join(bridge.drafter_bytes(t) or b"" for t in ctx) == b"".join(bridge.target_bytes(t) or b"" for t in departed)
     other = t_tok.encode("def pick(a, b):\n    return a")  # another text: built afresh
     source.begin(other, config, NoCostPolicy())
     assert source._context(other).ids == bridge.target_to_drafter(other)

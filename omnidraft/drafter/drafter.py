@@ -26,7 +26,8 @@ from omnidraft.drafter.base import Draft, DraftLM
 from omnidraft.drafter.policy import DraftPolicy
 from omnidraft.kv import common_prefix_len
 
-WINDOW_MARGIN = 16  # positions kept free for the draft itself
+WINDOW_MARGIN = 16  # positions kept free beyond the draft itself
+DRAFT_ROOM = 64  # the draft lengths a window leaves room for: below it, the window does not depend on k
 SINK = 4  # first tokens every window keeps (StreamingLLM's attention sinks)
 DRAFT_WINDOW = 1024  # the window of a drafter that can drop positions (a token's attention cost grows with it)
 
@@ -38,6 +39,7 @@ class Drafter:
         self.lm = lm
         self.stop_ids = {int(t) for t in stop_ids}  # drafter ids after which drafting is pointless
         self.head: AcceptHead | None = None  # set by the adapter slot with the adapter's head
+        self._start = SINK  # where the window's part after the sinks began in the context last read
 
     def reset(self) -> None:
         self.lm.reset()
@@ -45,35 +47,39 @@ class Drafter:
     def window(self, context: Sequence[int], k: int) -> Sequence[int]:
         """What of ``context`` the drafter reads before drafting up to ``k`` tokens: all of it, or past
         its limit the first SINK tokens and a recent part that slides a quarter window at a time."""
-        limit = min(self.lm.max_positions, DRAFT_WINDOW) if hasattr(self.lm, "drop") else self.lm.max_positions
-        size = limit - k - WINDOW_MARGIN
-        if len(context) <= size:
-            return context
-        step = max((size - SINK) // 4, 1)
-        start = SINK + ((len(context) - size) // step + 1) * step
-        return list(context[:SINK]) + list(context[start:])
+        start = self._body_start(len(context), k)
+        return context if start == SINK else list(context[:SINK]) + list(context[start:])
 
-    def _slide(self, window: Sequence[int]) -> None:
-        """Where the window slid past what the cache holds, drop the positions it left behind from the
-        cache (a backend that can), so that only the new tokens are read."""
-        cached = self.lm.cached_ids
-        if not hasattr(self.lm, "drop") or len(window) <= SINK or len(cached) <= SINK:
-            return
-        if cached[:SINK] != list(window[:SINK]) or cached[SINK] == window[SINK]:
-            return  # another text, or the same window as before
-        body = list(window[SINK:SINK + 8])
-        for at in range(SINK + 1, len(cached) - len(body) + 1):
-            if cached[at:at + len(body)] == body:
-                self.lm.drop(SINK, at - SINK)
-                return
+    def _body_start(self, length: int, k: int) -> int:
+        """Where in a context of ``length`` tokens the window's part after the sinks begins."""
+        limit = min(self.lm.max_positions, DRAFT_WINDOW) if hasattr(self.lm, "drop") else self.lm.max_positions
+        # the same window for every draft length up to DRAFT_ROOM: one that moved with k (the cost policy
+        # picks k per step) slid back and forth, and each draft read hundreds of tokens again
+        size = limit - max(k, DRAFT_ROOM) - WINDOW_MARGIN
+        if length <= size:
+            return SINK
+        step = max((size - SINK) // 4, 1)
+        return SINK + ((length - size) // step + 1) * step
+
+    def _window(self, context: Sequence[int], k: int) -> Sequence[int]:
+        """The window to read now; where it slid past what the cache holds, a backend that can drop
+        positions drops the ones left behind (checked against the cache: the text may have changed),
+        so that only the new tokens are read."""
+        start = self._body_start(len(context), k)
+        window = context if start == SINK else list(context[:SINK]) + list(context[start:])
+        shift, cached = start - self._start, self.lm.cached_ids
+        if hasattr(self.lm, "drop") and shift > 0 and len(cached) >= SINK + shift + 8 and len(window) >= SINK + 8:
+            if cached[:SINK] == list(window[:SINK]) and cached[SINK + shift:SINK + shift + 8] == list(window[SINK:SINK + 8]):
+                self.lm.drop(SINK, shift)
+        self._start = start
+        return window
 
     @torch.inference_mode()
     def read(self, context: Sequence[int], k: int, limit: int) -> int:
         """Read up to ``limit`` tokens of what ``draft(context, k)`` would read first, and say how many
         it would still read beyond ``limit`` (0: the draft's own read is at most ``limit``, left to it).
         A long prompt's read then comes in pieces that whoever drafts can stop between."""
-        window = self.window(context, k)
-        self._slide(window)
+        window = self._window(context, k)
         cached = common_prefix_len(self.lm.cached_ids, window)
         left = len(window) - cached - limit
         if left <= 0:
@@ -89,8 +95,7 @@ class Drafter:
         runners_up: list[int] = []
         policy.constraint.start()
         policy.stop.start()
-        window = self.window(context, k)
-        self._slide(window)
+        window = self._window(context, k)
         read_tokens = len(window) - common_prefix_len(self.lm.cached_ids, window)
         start = time.perf_counter()
         logits = self.lm.logits_for(window)

@@ -47,6 +47,8 @@ if TYPE_CHECKING:
     from omnidraft.target.base import Verifier
 
 NO_DRAFT = Draft([], None)
+MARKS_KEPT = 256  # places where context and text last agreed (a reply's worth of steps)
+MARKS_TRIED = 4  # the latest ones checked against a prompt that departs from the text
 
 
 @dataclass
@@ -71,6 +73,7 @@ class ModelDraft:
         self._ctx: DrafterContext | None = None  # the text in drafter tokens, up to ``_pending``
         self._pending: list[int] = []  # target ids of plain steps, not in the context yet
         self._text: list[int] = []  # the target ids the context and ``_pending`` stand for
+        self._marks: list[tuple[int, int]] = []  # (target ids, drafter ids) where the two stood for the same text
         self._behind = False  # another source's tokens joined the context since the drafter last read it
         # drafter tokens per target token of the text, from the last context built: SmolLM2 spells most
         # CJK characters as 2-3 byte tokens, so a Chinese catch-up reads ~2.5x the target's count
@@ -194,6 +197,7 @@ class ModelDraft:
         if self._pending:
             self._ctx.append_text(self._pending)
             self._pending = []
+            self._mark()
         return self._ctx
 
     def _follow(self, ids: list[int]) -> None:
@@ -203,14 +207,34 @@ class ModelDraft:
         if self._ctx is not None and len(ids) >= n and ids[:n] == self._text:
             self._pending += ids[n:]
             self._text += ids[n:]
-        else:
+        elif not self._keep_prefix(ids):
             self._build_context(ids)
+
+    def _keep_prefix(self, ids: list[int]) -> bool:
+        """Keep the context up to the last mark within the text ``ids`` shares with it (a chat's next turn
+        re-renders the last reply, which may differ from the emitted ids near its end); False: none fits."""
+        shared = common_prefix_len(ids, self._text)
+        spell = self.bridge.drafter_bytes
+        for text_len, ctx_len in [m for m in self._marks if 0 < m[0] <= shared][-MARKS_TRIED:][::-1]:
+            head = self._ctx.ids[:ctx_len]
+            if b"".join(spell(t) or b"" for t in head) == b"".join(self.bridge.target_bytes(t) or b"" for t in ids[:text_len]):
+                self._ctx.truncate(ctx_len)
+                self._marks = [m for m in self._marks if m[0] <= text_len]
+                self._pending, self._text = list(ids[text_len:]), list(ids)
+                return True
+        return False
 
     def _build_context(self, ids: list[int]) -> None:
         """The drafter's context for the text ``ids``, and the drafter tokens per target token it took."""
         self._ctx = DrafterContext(self.bridge, ids)
         self._pending, self._text = [], list(ids)
+        self._marks = [(len(ids), len(self._ctx.ids))]
         self._per_target = len(self._ctx.ids) / max(len(ids), 1)
+
+    def _mark(self) -> None:
+        """Note that the context stands for the text as it is now (no tokens pending)."""
+        self._marks.append((len(self._text), len(self._ctx.ids)))
+        del self._marks[:-MARKS_KEPT]
 
     def accept(self, step: StepResult) -> None:
         translator = self._plan.translator
@@ -225,10 +249,12 @@ class ModelDraft:
             if not self._pending:  # reverse translation (Algorithm 1, lines 17-19); after the last step too:
                 # a chat's next turn continues this text, and the drafter's cache holds these tokens
                 translator.reverse(self._ctx, p.draft, p.translation, step.emitted, step.accepted)
+                self._mark()
                 return
         elif step.source is not None and in_step:  # another source's target ids: the context follows the text
             translator.reverse(self._ctx, NO_DRAFT, Translation(), step.emitted, 0)
             self._behind = True
+            self._mark()
             return
         # a plain step, the request's last step, or anything after plain steps: appended when drafting resumes
         self._pending += step.emitted

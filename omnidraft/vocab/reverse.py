@@ -37,6 +37,11 @@ class DrafterContext:
         self.ids: list[int] = bridge.target_to_drafter(prompt_target_ids)
         self.barrier = self._last_special_end(self.ids)  # never look behind a special token
 
+    def truncate(self, length: int) -> None:
+        """Keep the first ``length`` drafter ids (a prefix that spells a prefix of the text)."""
+        del self.ids[length:]
+        self.barrier = self._last_special_end(self.ids)
+
     def _last_special_end(self, ids: Sequence[int]) -> int:
         for pos in range(len(ids) - 1, -1, -1):
             if self.bridge.drafter_bytes(ids[pos]) is None:
