@@ -304,8 +304,18 @@ def expected_tokens(a: Acceptance, k: int) -> float:
     return total
 
 
-def expected_rates(a: Acceptance, d: float, V: CostFn, k_max: int) -> list[float]:
-    """[E(k) / T(k) for k = 0..k_max] in tokens/second, T(k) = k*d + V(k)."""
+def verified_rows(k: int, emitted: float) -> int:
+    """Target rows a verify of ``k`` drafted tokens holds when each stands for ``emitted`` target tokens."""
+    return k if emitted == 1.0 or k == 0 else max(1, round(k * emitted))
+
+
+def expected_rates(a: Acceptance, d: float, V: CostFn, k_max: int, emitted: float = 1.0) -> list[float]:
+    """[E(k) / T(k) for k = 0..k_max] in tokens/second, T(k) = k*d + V(k).
+
+    ``emitted``: target tokens per drafted token kept, where the drafter's tokens are finer than the
+    target's (SmolLM2 spells a Chinese Qwen token in ~3 byte tokens): E(k) then counts 1 + emitted x
+    the drafted tokens expected kept, and V is read at the target rows the draft becomes. With the
+    default 1 a drafted token is a target token."""
     d = float(d)  # a DraftCost works too
     if k_max < 0:
         raise ValueError("k_max must be >= 0")
@@ -318,10 +328,10 @@ def expected_rates(a: Acceptance, d: float, V: CostFn, k_max: int) -> list[float
         if k:
             p *= rates[k - 1]
             e += p
-        t = k * d + cost(k)
+        t = k * d + cost(verified_rows(k, emitted))
         if t <= 0:
             raise ValueError(f"T({k}) must be > 0, got {t}")
-        out.append(e / t)
+        out.append((1.0 + emitted * (e - 1.0)) / t)
     return out
 
 
@@ -349,7 +359,7 @@ def best_rate(rates: Sequence[float]) -> int:
 
 def should_continue(i: int, p_cum: float, a_next: float, d: float, V: CostFn, *,
                     expected_so_far: float | None = None, a_later: Sequence[float] | None = None,
-                    k_max: int = 16) -> bool:
+                    k_max: int = 16, emitted: float = 1.0) -> bool:
     """Token-by-token drafting: having drafted i tokens, is drafting more expected to raise tokens/s?
 
     ``p_cum`` = P(all i drafted tokens are accepted) = prod_{j<=i} a_j (from the acceptance
@@ -376,7 +386,7 @@ def should_continue(i: int, p_cum: float, a_next: float, d: float, V: CostFn, *,
     d = float(d)  # a DraftCost works too
     cost = _cost(V)
     e_now = expected_so_far if expected_so_far is not None else 1.0 + i * p_cum
-    stop_rate = e_now / (i * d + cost(i))
+    stop_rate = (1.0 + emitted * (e_now - 1.0)) / (i * d + cost(verified_rows(i, emitted)))
     future = [a_next] + list(a_later or [])
     rates = _rates(future, k_max - i)
     e, p = e_now, p_cum
@@ -384,7 +394,7 @@ def should_continue(i: int, p_cum: float, a_next: float, d: float, V: CostFn, *,
         p *= x
         e += p
         k = i + n
-        if e / (k * d + cost(k)) > stop_rate:
+        if (1.0 + emitted * (e - 1.0)) / (k * d + cost(verified_rows(k, emitted))) > stop_rate:
             return True
     return False
 
@@ -401,8 +411,8 @@ class SequentialDraft:
     ``p_cum`` and ``expected`` (= E(i)) stay exact.
     """
 
-    def __init__(self, d: float, V: CostFn, k_max: int) -> None:
-        self.d, self.V, self.k_max = float(d), _cost(V), int(k_max)
+    def __init__(self, d: float, V: CostFn, k_max: int, emitted: float = 1.0) -> None:
+        self.d, self.V, self.k_max, self.emitted = float(d), _cost(V), int(k_max), float(emitted)
         self.i, self.p_cum, self.expected = 0, 1.0, 1.0
 
     def push(self, a: float) -> None:
@@ -414,4 +424,5 @@ class SequentialDraft:
 
     def should_continue(self, a_next: float, a_later: Iterable[float] | None = None) -> bool:
         return should_continue(self.i, self.p_cum, a_next, self.d, self.V, expected_so_far=self.expected,
-                               a_later=None if a_later is None else list(a_later), k_max=self.k_max)
+                               a_later=None if a_later is None else list(a_later), k_max=self.k_max,
+                               emitted=self.emitted)
