@@ -304,18 +304,8 @@ def expected_tokens(a: Acceptance, k: int) -> float:
     return total
 
 
-def verified_rows(k: int, emitted: float) -> int:
-    """Target rows a verify of ``k`` drafted tokens holds when each stands for ``emitted`` target tokens."""
-    return k if emitted == 1.0 or k == 0 else max(1, round(k * emitted))
-
-
-def expected_rates(a: Acceptance, d: float, V: CostFn, k_max: int, emitted: float = 1.0) -> list[float]:
-    """[E(k) / T(k) for k = 0..k_max] in tokens/second, T(k) = k*d + V(k).
-
-    ``emitted``: target tokens per drafted token kept, where the drafter's tokens are finer than the
-    target's (SmolLM2 spells a Chinese Qwen token in ~3 byte tokens): E(k) then counts 1 + emitted x
-    the drafted tokens expected kept, and V is read at the target rows the draft becomes. With the
-    default 1 a drafted token is a target token."""
+def expected_rates(a: Acceptance, d: float, V: CostFn, k_max: int) -> list[float]:
+    """[E(k) / T(k) for k = 0..k_max] in tokens/second, T(k) = k*d + V(k)."""
     d = float(d)  # a DraftCost works too
     if k_max < 0:
         raise ValueError("k_max must be >= 0")
@@ -328,10 +318,10 @@ def expected_rates(a: Acceptance, d: float, V: CostFn, k_max: int, emitted: floa
         if k:
             p *= rates[k - 1]
             e += p
-        t = k * d + cost(verified_rows(k, emitted))
+        t = k * d + cost(k)
         if t <= 0:
             raise ValueError(f"T({k}) must be > 0, got {t}")
-        out.append((1.0 + emitted * (e - 1.0)) / t)
+        out.append(e / t)
     return out
 
 
@@ -359,7 +349,7 @@ def best_rate(rates: Sequence[float]) -> int:
 
 def should_continue(i: int, p_cum: float, a_next: float, d: float, V: CostFn, *,
                     expected_so_far: float | None = None, a_later: Sequence[float] | None = None,
-                    k_max: int = 16, emitted: float = 1.0) -> bool:
+                    k_max: int = 16) -> bool:
     """Token-by-token drafting: having drafted i tokens, is drafting more expected to raise tokens/s?
 
     ``p_cum`` = P(all i drafted tokens are accepted) = prod_{j<=i} a_j (from the acceptance
@@ -386,7 +376,7 @@ def should_continue(i: int, p_cum: float, a_next: float, d: float, V: CostFn, *,
     d = float(d)  # a DraftCost works too
     cost = _cost(V)
     e_now = expected_so_far if expected_so_far is not None else 1.0 + i * p_cum
-    stop_rate = (1.0 + emitted * (e_now - 1.0)) / (i * d + cost(verified_rows(i, emitted)))
+    stop_rate = e_now / (i * d + cost(i))
     future = [a_next] + list(a_later or [])
     rates = _rates(future, k_max - i)
     e, p = e_now, p_cum
@@ -394,7 +384,7 @@ def should_continue(i: int, p_cum: float, a_next: float, d: float, V: CostFn, *,
         p *= x
         e += p
         k = i + n
-        if (1.0 + emitted * (e - 1.0)) / (k * d + cost(verified_rows(k, emitted))) > stop_rate:
+        if e / (k * d + cost(k)) > stop_rate:
             return True
     return False
 
@@ -411,8 +401,8 @@ class SequentialDraft:
     ``p_cum`` and ``expected`` (= E(i)) stay exact.
     """
 
-    def __init__(self, d: float, V: CostFn, k_max: int, emitted: float = 1.0) -> None:
-        self.d, self.V, self.k_max, self.emitted = float(d), _cost(V), int(k_max), float(emitted)
+    def __init__(self, d: float, V: CostFn, k_max: int) -> None:
+        self.d, self.V, self.k_max = float(d), _cost(V), int(k_max)
         self.i, self.p_cum, self.expected = 0, 1.0, 1.0
 
     def push(self, a: float) -> None:
@@ -424,5 +414,4 @@ class SequentialDraft:
 
     def should_continue(self, a_next: float, a_later: Iterable[float] | None = None) -> bool:
         return should_continue(self.i, self.p_cum, a_next, self.d, self.V, expected_so_far=self.expected,
-                               a_later=None if a_later is None else list(a_later), k_max=self.k_max,
-                               emitted=self.emitted)
+                               a_later=None if a_later is None else list(a_later), k_max=self.k_max)

@@ -300,26 +300,6 @@ class AheadPolicy(NoCostPolicy):
         return 0  # the server verifies chains: a fork is a path of its own, not rows beside the chain
 
 
-class EmitRatio:
-    """Target tokens per drafted token the target kept (decayed sums; 1 before any evidence). The
-    policy's acceptance is per drafted token, and its E(k) and V(k) are read in target tokens through
-    this: SmolLM2 spells a Chinese Qwen token in ~3 byte tokens, and counted as target tokens they
-    made drafts look three times as productive as they were."""
-
-    def __init__(self, prior: float = 8.0, decay: float = 0.98) -> None:
-        self.target = self.drafted = prior
-        self.decay = decay
-
-    def update(self, drafted_kept: int, target_kept: int) -> None:
-        if drafted_kept > 0:
-            self.target = self.target * self.decay + target_kept
-            self.drafted = self.drafted * self.decay + drafted_kept
-
-    @property
-    def value(self) -> float:
-        return min(max(self.target / self.drafted, 0.1), 2.0)
-
-
 class CostPolicy:
     """The measured costs and acceptance statistics of one drafter–target pair on this machine."""
 
@@ -330,7 +310,6 @@ class CostPolicy:
         self.k_max = k_max
         self.acceptance: dict[str, AcceptanceStats] = {DRAFTER: AcceptanceStats(k_max, prior_mean=0.6, decay=0.995)}
         self.calibration = ConfidenceCalibration()
-        self.emitted = EmitRatio()  # target tokens per kept drafted token of the model drafter
         # by source.free: the drafter (no budget: where it could pay at all it usually does, and its
         # explorations must find that soon) and the lookups (budgeted: where a verified row costs a
         # step, a lookup that fails loses several)
@@ -579,9 +558,8 @@ class CostPolicy:
         costs = self._capped_verify()
         catch_up = 0.0 if free else self.catch_up_per_token(offer.unread, offer.room)
         k_max = offer.limit
-        emitted = 1.0 if free else self.emitted.value  # a lookup proposes target tokens
-        rates = with_catch_up(expected_rates(self.acceptance_for(offer.key, offer.prior).rates(k_max), d, costs, k_max,
-                                             emitted), catch_up)
+        rates = with_catch_up(expected_rates(self.acceptance_for(offer.key, offer.prior).rates(k_max), d, costs, k_max),
+                              catch_up)
         k = best_rate(rates)
         return k, rates[k], lambda room: explore_length(d, costs, k_max, room, catch_up)
 
@@ -598,7 +576,7 @@ class CostPolicy:
         return self._stop
 
     def sequence(self, k_max: int) -> SequentialDraft:
-        return SequentialDraft(self.draft_cost.seconds_per_token, self._capped_verify(), k_max, self.emitted.value)
+        return SequentialDraft(self.draft_cost.seconds_per_token, self._capped_verify(), k_max)
 
     def _capped_verify(self) -> Callable[[int], float]:
         """V, with V(0) never above V(1): a policy that drafts observes no plain step, so a V(0) once
@@ -643,7 +621,6 @@ class CostPolicy:
             return
         if not step.free:
             self._observe_draft_cost(step)
-            self.emitted.update(step.kept, step.accepted)
             if step.times.catch_up_tokens >= READ_SAMPLE_MIN:
                 self.read_cost.observe(step.times.catch_up_tokens, step.times.catch_up_s)
         if step.proposal is not None and step.proposal.branches:
