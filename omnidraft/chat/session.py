@@ -131,8 +131,9 @@ class KeepUp:
 
     def _run(self, conversation: list[int]) -> None:
         try:
-            while not self._stop.is_set() and self.source.read(conversation, self.k, KEEP_UP_PIECE):
-                pass  # one piece per call: a message that arrives waits for one piece at most
+            left = True
+            while left and not self._stop.is_set():  # one piece per call: a message waits for one piece at most
+                left = self.source.read(conversation, self.k, KEEP_UP_PIECE) > 0
         except Exception:  # noqa: BLE001 - never the chat's failure: the next turn reads what is missing itself
             self.source.drafter.reset()
 

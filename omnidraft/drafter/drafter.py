@@ -47,8 +47,7 @@ class Drafter:
     def window(self, context: Sequence[int], k: int) -> Sequence[int]:
         """What of ``context`` the drafter reads before drafting up to ``k`` tokens: all of it, or past
         its limit the first SINK tokens and a recent part that slides a quarter window at a time."""
-        start = self._body_start(len(context), k)
-        return context if start == SINK else list(context[:SINK]) + list(context[start:])
+        return _from(context, self._body_start(len(context), k))
 
     def _body_start(self, length: int, k: int) -> int:
         """Where in a context of ``length`` tokens the window's part after the sinks begins."""
@@ -66,7 +65,7 @@ class Drafter:
         positions drops the ones left behind (checked against the cache: the text may have changed),
         so that only the new tokens are read."""
         start = self._body_start(len(context), k)
-        window = context if start == SINK else list(context[:SINK]) + list(context[start:])
+        window = _from(context, start)
         shift, cached = start - self._start, self.lm.cached_ids
         if hasattr(self.lm, "drop") and shift > 0 and len(cached) >= SINK + shift + 8 and len(window) >= SINK + 8:
             if cached[:SINK] == list(window[:SINK]) and cached[SINK + shift:SINK + shift + 8] == list(window[SINK:SINK + 8]):
@@ -116,6 +115,11 @@ class Drafter:
             for d in feed:
                 logits = self.lm.step(d)
         return Draft(tokens, torch.stack(qs) if qs else None, window, k, read_s, read_tokens, runners_up)
+
+
+def _from(context: Sequence[int], start: int) -> Sequence[int]:
+    """The window whose part after the sinks begins at ``start`` (SINK: all of the context)."""
+    return context if start == SINK else list(context[:SINK]) + list(context[start:])
 
 
 def runner_up(masked: torch.Tensor, chosen: int) -> int:
