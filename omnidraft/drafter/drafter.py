@@ -49,6 +49,11 @@ class Drafter:
         its limit the first SINK tokens and a recent part that slides a quarter window at a time."""
         return _from(context, self._body_start(len(context), k))
 
+    def window_size(self, length: int, k: int) -> int:
+        """How many tokens ``window`` keeps of a context of ``length`` (no copy: the offers ask each step)."""
+        start = self._body_start(length, k)
+        return length if start == SINK else SINK + length - start
+
     def _body_start(self, length: int, k: int) -> int:
         """Where in a context of ``length`` tokens the window's part after the sinks begins."""
         limit = min(self.lm.max_positions, DRAFT_WINDOW) if hasattr(self.lm, "drop") else self.lm.max_positions

@@ -15,6 +15,7 @@ same reason a request whose prompt continues the last one's text (a chat's next 
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -73,7 +74,8 @@ class ModelDraft:
         self._ctx: DrafterContext | None = None  # the text in drafter tokens, up to ``_pending``
         self._pending: list[int] = []  # target ids of plain steps, not in the context yet
         self._text: list[int] = []  # the target ids the context and ``_pending`` stand for
-        self._marks: list[tuple[int, int]] = []  # (target ids, drafter ids) where the two stood for the same text
+        # (target ids, drafter ids) where the two stood for the same text, the latest MARKS_KEPT
+        self._marks: deque[tuple[int, int]] = deque(maxlen=MARKS_KEPT)
         self._behind = False  # another source's tokens joined the context since the drafter last read it
         # drafter tokens per target token of the text, from the last context built: SmolLM2 spells most
         # CJK characters as 2-3 byte tokens, so a Chinese catch-up reads ~2.5x the target's count
@@ -112,7 +114,7 @@ class ModelDraft:
         if self._ctx is None or len(self._text) != len(ids):
             unread = max(round(len(ids) * self._per_target) - cached, 0)
         elif self._behind:  # what the drafter's window holds past its cache (``Drafter.window``)
-            window = len(self.drafter.window(self._ctx.ids, self._k_max))
+            window = self.drafter.window_size(len(self._ctx.ids), self._k_max)
             unread = max(window - cached, 0) + round(len(self._pending) * self._per_target)
         else:
             unread = 0
@@ -219,7 +221,7 @@ class ModelDraft:
             head = self._ctx.ids[:ctx_len]
             if b"".join(spell(t) or b"" for t in head) == b"".join(self.bridge.target_bytes(t) or b"" for t in ids[:text_len]):
                 self._ctx.truncate(ctx_len)
-                self._marks = [m for m in self._marks if m[0] <= text_len]
+                self._marks = deque((m for m in self._marks if m[0] <= text_len), maxlen=MARKS_KEPT)
                 self._pending, self._text = list(ids[text_len:]), list(ids)
                 return True
         return False
@@ -228,13 +230,12 @@ class ModelDraft:
         """The drafter's context for the text ``ids``, and the drafter tokens per target token it took."""
         self._ctx = DrafterContext(self.bridge, ids)
         self._pending, self._text = [], list(ids)
-        self._marks = [(len(ids), len(self._ctx.ids))]
+        self._marks = deque([(len(ids), len(self._ctx.ids))], maxlen=MARKS_KEPT)
         self._per_target = len(self._ctx.ids) / max(len(ids), 1)
 
     def _mark(self) -> None:
         """Note that the context stands for the text as it is now (no tokens pending)."""
         self._marks.append((len(self._text), len(self._ctx.ids)))
-        del self._marks[:-MARKS_KEPT]
 
     def accept(self, step: StepResult) -> None:
         translator = self._plan.translator
