@@ -45,6 +45,11 @@ def enabled() -> Iterator[None]:
         _state.on = previous
 
 
+def active() -> bool:
+    """Whether this thread is inside :func:`enabled` (the decode engine's forwards)."""
+    return getattr(_state, "on", False)
+
+
 Kernel = Callable[[torch.nn.Linear, torch.Tensor, torch.Tensor], torch.Tensor]  # (layer, weight, rows x in) -> rows x out
 
 

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import torch
 from transformers import DynamicCache
 
-from omnidraft import fastlinear
+from omnidraft import fastattention, fastlinear
 from omnidraft.verify.tree import Branch, check_branches, rows_of
 
 PREFILL_CHUNK = 512  # tokens per forward when reading a long prompt: bounds the attention's memory
@@ -88,7 +88,7 @@ class CachedLM:
     """Model + KV cache + the token ids the cache holds."""
 
     def __init__(self, model: torch.nn.Module, transposed_head: bool = False) -> None:
-        self.model = fastlinear.install(model, transposed_head)
+        self.model = fastattention.install(fastlinear.install(model, transposed_head))
         self.device = next(model.parameters()).device
         self.vocab_size = output_vocab_size(model)
         self._cache_kw = cache_keyword(model)
