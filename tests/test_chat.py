@@ -70,6 +70,15 @@ def test_fit_messages_drops_oldest_turns_and_keeps_the_system_prompt():
     assert fit_messages(_render_len, conv, 14) is None  # not even the new message fits
 
 
+def test_a_trim_frees_room_for_the_next_turns_where_the_last_message_allows():
+    conv = _msgs(("user", "u" * 10), ("assistant", "a" * 10), ("user", "v" * 10), ("assistant", "b" * 10), ("user", "w" * 10))
+    assert fit_messages(_render_len, conv, 55, room=30) == (0, [0] * 55)  # fits: nothing goes, room or not
+    assert fit_messages(_render_len, conv, 50, room=0)[0] == 2
+    assert fit_messages(_render_len, conv, 50, room=20)[0] == 4  # 35 tokens would leave 15 free: drop to 15
+    assert fit_messages(_render_len, conv, 20, room=10)[0] == 4  # no start leaves 10 free: the last that fits
+    assert fit_messages(_render_len, conv, 14, room=10) is None
+
+
 def test_fit_messages_cuts_only_before_a_user_message():
     conv = _msgs(("assistant", "x" * 30), ("user", "u" * 5), ("assistant", "a" * 5), ("user", "w" * 5))
     assert fit_messages(_render_len, conv, 25)[0] == 1

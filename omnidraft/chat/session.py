@@ -40,6 +40,7 @@ from omnidraft.errors import OmnidraftError
 
 PROMPT = ">>> "
 DEFAULT_CONTEXT_WINDOW = 4096  # tokens; a CPU re-reads the whole prompt after a trim, keep it modest
+TRIM_ROOM = 4  # a trim frees a 1/TRIM_ROOM of the window for the turns after it (fit_messages)
 HISTORY_FILE = "chat_history"
 HISTORY_LENGTH = 1000
 KEEP_UP_PIECE = 64  # drafter tokens per read while the user types: a message that arrives waits for one piece
@@ -67,19 +68,28 @@ def stop_strings(tokenizer: Any) -> tuple[str, ...]:
 
 
 def fit_messages(render: Callable[[Sequence[dict]], list[int]], messages: Sequence[dict],
-                 budget: int) -> tuple[int, list[int]] | None:
+                 budget: int, room: int = 0) -> tuple[int, list[int]] | None:
     """Drop the oldest turns until the rendered conversation is at most ``budget`` tokens.
 
     Returns (how many leading messages to drop, the rendered ids), or None when even the last
     message alone does not fit. Cuts only before a user message, so a kept assistant reply always
     has its question; ``render`` adds the system prompt, which is never dropped.
+
+    Once turns must go, enough go to leave ``room`` tokens free besides (where the last message
+    allows): a drop changes the prompt's start, so the target reads the whole conversation again,
+    and dropping one turn at a time would make every later turn pay that read. With room, the next
+    turns extend the same prompt and the KV cache is reused (llama.cpp's context shift likewise
+    discards half the window at once).
     """
     starts = [i for i, m in enumerate(messages) if m["role"] == "user"] or [0]
+    fallback = None
     for start in starts:
         ids = render(messages[start:])
-        if len(ids) <= budget:
+        if len(ids) <= budget and (start == starts[0] or len(ids) <= budget - room):
             return start, ids
-    return None
+        if fallback is None and len(ids) <= budget:
+            fallback = (start, ids)
+    return fallback
 
 
 @dataclass
@@ -378,7 +388,7 @@ class ChatSession:
     def _fit_context(self, live: list[dict]) -> tuple[int, list[int]] | None:
         """Prompt ids that leave room for the reply; drops the oldest turns (saying so) if needed."""
         budget = self.context_window - self.config.max_new_tokens
-        fitted = fit_messages(self._render, live, budget)
+        fitted = fit_messages(self._render, live, budget, room=self.context_window // TRIM_ROOM)
         if fitted is None:
             alone = len(self._render(live[-1:]))
             self.error(f"message too long: {alone} prompt tokens + {self.config.max_new_tokens} for the reply exceed the "
