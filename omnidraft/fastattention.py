@@ -50,7 +50,7 @@ def packed_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)
     batch, heads, rows, dim = query.shape
-    kv_heads, groups, positions = key.shape[1], module.num_key_value_groups, key.shape[2]
+    kv_heads, groups, positions = key.shape[1], module.num_key_value_groups, attention_mask.shape[-1]
     # query head kv * groups + g, row i → packed row g * rows + i of KV head kv; its mask is row i's
     packed = query.reshape(batch, kv_heads, groups * rows, dim)
     mask = attention_mask[:, :, None].expand(attention_mask.shape[0], 1, groups, rows, positions)
