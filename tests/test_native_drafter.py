@@ -260,3 +260,35 @@ def test_a_window_that_slides_reads_only_the_new_tokens(native, long_text):
     assert all(drafter.window(context, k) == window for k in (1, 8, 16))  # k varies per draft: the window must not
     second = drafter.draft(context, 4, policy)
     assert second.read_tokens <= len(context) - 900 + 8 and lm.cached_ids[: len(window)] == list(window)
+
+
+@pytest.mark.real
+def test_a_long_catch_up_behind_a_long_cache_reads_only_its_last_part(native, long_text):
+    """A catch-up of more than ``CATCH_UP_CAP`` tokens behind a cache holding at least that many reads
+    only the last ``CATCH_UP_CAP`` (the window then starts there); the next draft reads only what is
+    new; a first read and an idle-time read (``cap=False``) read everything; a new text lifts the cap."""
+    from omnidraft.drafter.drafter import CATCH_UP_CAP, SINK
+    from omnidraft.drafter.policy import DraftPolicy, FixedLength, Sampler
+    from omnidraft.vocab.translate import FixedConstraint
+
+    lm, _ = native
+    lm.apply_adapter(None)
+    lm.reset()
+    drafter = Drafter(lm)
+    policy = DraftPolicy(Sampler(), FixedConstraint(torch.zeros(lm.vocab_size)), FixedLength())
+    assert drafter.draft(long_text[:400], 1, policy).read_tokens == 400  # a first read is not capped
+    assert drafter.unread(800, 1) == CATCH_UP_CAP  # what the offers are told
+    capped = drafter.draft(long_text[:800], 1, policy)
+    assert capped.read_tokens == CATCH_UP_CAP
+    assert list(capped.context) == long_text[:SINK] + long_text[800 - CATCH_UP_CAP:800]
+    assert lm.cached_ids[: len(capped.context)] == list(capped.context)
+    after = drafter.draft(long_text[:830], 1, policy)  # the window keeps its new start: 30 new tokens
+    assert after.read_tokens <= 31 and list(after.context) == long_text[:SINK] + long_text[800 - CATCH_UP_CAP:830]
+    # a text that departs from it lifts the cap: the whole new text is read, as a first read is
+    fresh = long_text[500:1100]
+    assert drafter.draft(fresh, 1, policy).context == fresh
+    lm.reset()
+    drafter.draft(long_text[:400], 1, policy)
+    while drafter.read(long_text[:800], 1, 64, cap=False):  # idle time: the whole window, in pieces
+        pass
+    assert drafter.draft(long_text[:800], 1, policy).read_tokens <= 64 and lm.cached_ids[:800] == long_text[:800]

@@ -143,7 +143,8 @@ class KeepUp:
         try:
             left = True
             while left and not self._stop.is_set():  # one piece per call: a message waits for one piece at most
-                left = self.source.read(conversation, self.k, KEEP_UP_PIECE) > 0
+                # uncapped: the user's idle time is free, and the next turn's catch-up caps itself
+                left = self.source.read(conversation, self.k, KEEP_UP_PIECE, cap=False) > 0
         except Exception:  # noqa: BLE001 - never the chat's failure: the next turn reads what is missing itself
             self.source.drafter.reset()
 

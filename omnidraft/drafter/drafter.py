@@ -11,6 +11,14 @@ llama.cpp drafters) keeps what the window still covers, re-rotated, as llama.cpp
 StreamingLLM (whose attention sinks the first tokens are) do; its window is also capped at
 DRAFT_WINDOW, because a drafted token's attention grows with the context while the drafter's use of
 a far context is small. Other backends read the window again once per quarter window.
+
+One catch-up read is capped at CATCH_UP_CAP tokens where the cache already holds at least that
+much of the window (a chat's next message, the text after a run of plain steps): the window then
+starts CATCH_UP_CAP tokens before the end, and what the cache held is dropped. Reading a long new
+message behind a long conversation costs more per token than reading it alone (each read token
+attends to the whole cache), and the drafted tokens after it pay for the longer window too; the
+far context is what the drafter uses least. A first read (a fresh prompt, nothing cached) is never
+capped: code needs its prompt.
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ WINDOW_MARGIN = 16  # positions kept free beyond the draft itself
 DRAFT_ROOM = 64  # the draft lengths a window leaves room for: below it, the window does not depend on k
 SINK = 4  # first tokens every window keeps (StreamingLLM's attention sinks)
 DRAFT_WINDOW = 1024  # the window of a drafter that can drop positions (a token's attention cost grows with it)
+CATCH_UP_CAP = 256  # the most one catch-up reads behind a cache that holds at least this much of the window
 
 
 class Drafter:
@@ -40,9 +49,11 @@ class Drafter:
         self.stop_ids = {int(t) for t in stop_ids}  # drafter ids after which drafting is pointless
         self.head: AcceptHead | None = None  # set by the adapter slot with the adapter's head
         self._start = SINK  # where the window's part after the sinks began in the context last read
+        self._floor = SINK  # where a capped catch-up moved the window's start (SINK: no cap in force)
 
     def reset(self) -> None:
         self.lm.reset()
+        self._floor = SINK
 
     def window(self, context: Sequence[int], k: int) -> Sequence[int]:
         """What of ``context`` the drafter reads before drafting up to ``k`` tokens: all of it, or past
@@ -54,36 +65,60 @@ class Drafter:
         start = self._body_start(length, k)
         return length if start == SINK else SINK + length - start
 
+    def unread(self, length: int, k: int) -> int:
+        """How many tokens a draft of ``k`` on a context of ``length`` would read first, assuming its
+        cache holds the window's prefix (an estimate for the offers: ``_window`` decides)."""
+        cached = len(self.lm.cached_ids)
+        unread = max(self.window_size(length, k) - cached, 0)
+        return min(unread, CATCH_UP_CAP) if cached - SINK >= CATCH_UP_CAP else unread
+
     def _body_start(self, length: int, k: int) -> int:
         """Where in a context of ``length`` tokens the window's part after the sinks begins."""
         limit = min(self.lm.max_positions, DRAFT_WINDOW) if hasattr(self.lm, "drop") else self.lm.max_positions
         # the same window for every draft length up to DRAFT_ROOM: one that moved with k (the cost policy
         # picks k per step) slid back and forth, and each draft read hundreds of tokens again
         size = limit - max(k, DRAFT_ROOM) - WINDOW_MARGIN
+        floor = self._floor if self._floor < length else SINK
         if length <= size:
-            return SINK
+            return floor
         step = max((size - SINK) // 4, 1)
-        return SINK + ((length - size) // step + 1) * step
+        return max(SINK + ((length - size) // step + 1) * step, floor)
 
-    def _window(self, context: Sequence[int], k: int) -> Sequence[int]:
+    def _window(self, context: Sequence[int], k: int, cap: bool = True) -> Sequence[int]:
         """The window to read now; where it slid past what the cache holds, a backend that can drop
         positions drops the ones left behind (checked against the cache: the text may have changed),
-        so that only the new tokens are read."""
+        so that only the new tokens are read. With ``cap``, a long catch-up is capped (module doc)."""
+        self._check_floor(context)
         start = self._body_start(len(context), k)
         window = _from(context, start)
         shift, cached = start - self._start, self.lm.cached_ids
         if hasattr(self.lm, "drop") and shift > 0 and len(cached) >= SINK + shift + 8 and len(window) >= SINK + 8:
             if cached[:SINK] == list(window[:SINK]) and cached[SINK + shift:SINK + shift + 8] == list(window[SINK:SINK + 8]):
                 self.lm.drop(SINK, shift)
+        kept = common_prefix_len(self.lm.cached_ids, window)
+        if cap and len(window) - kept > CATCH_UP_CAP and kept - SINK >= CATCH_UP_CAP:
+            self._floor = start = len(context) - CATCH_UP_CAP
+            window = _from(context, start)
         self._start = start
         return window
 
+    def _check_floor(self, context: Sequence[int]) -> None:
+        """Lift a cap's floor once the cache no longer holds the window it started (a new text, a
+        dropped cache): the next window is the usual one again."""
+        if self._floor == SINK:
+            return
+        cached = self.lm.cached_ids
+        held = min(len(cached) - SINK, 8)
+        if held <= 0 or self._start >= len(context) or cached[SINK:SINK + held] != list(context[self._start:self._start + held]):
+            self._floor = SINK
+
     @torch.inference_mode()
-    def read(self, context: Sequence[int], k: int, limit: int) -> int:
+    def read(self, context: Sequence[int], k: int, limit: int, cap: bool = True) -> int:
         """Read up to ``limit`` tokens of what ``draft(context, k)`` would read first, and say how many
         it would still read beyond ``limit`` (0: the draft's own read is at most ``limit``, left to it).
-        A long prompt's read then comes in pieces that whoever drafts can stop between."""
-        window = self._window(context, k)
+        A long prompt's read then comes in pieces that whoever drafts can stop between. ``cap=False``:
+        a read in idle time (the chat's while the user types) keeps the whole window."""
+        window = self._window(context, k, cap)
         cached = common_prefix_len(self.lm.cached_ids, window)
         left = len(window) - cached - limit
         if left <= 0:
@@ -94,12 +129,17 @@ class Drafter:
     @torch.inference_mode()
     def draft(self, context: Sequence[int], k: int, policy: DraftPolicy) -> Draft:
         """Draft up to ``k`` tokens after ``context`` (drafter ids) under ``policy``."""
+        return self.draft_after(self._window(context, k), k, policy)
+
+    @torch.inference_mode()
+    def draft_after(self, window: Sequence[int], k: int, policy: DraftPolicy) -> Draft:
+        """Draft up to ``k`` tokens after exactly ``window`` (a window ``draft`` chose, perhaps grown
+        by drafted tokens: a fork off the line), leaving the window's state as it was."""
         tokens: list[int] = []
         qs: list[torch.Tensor] = []
         runners_up: list[int] = []
         policy.constraint.start()
         policy.stop.start()
-        window = self._window(context, k)
         read_tokens = len(window) - common_prefix_len(self.lm.cached_ids, window)
         start = time.perf_counter()
         logits = self.lm.logits_for(window)

@@ -113,9 +113,9 @@ class ModelDraft:
             self._behind = True
         if self._ctx is None or len(self._text) != len(ids):
             unread = max(round(len(ids) * self._per_target) - cached, 0)
-        elif self._behind:  # what the drafter's window holds past its cache (``Drafter.window``)
-            window = self.drafter.window_size(len(self._ctx.ids), self._k_max)
-            unread = max(window - cached, 0) + round(len(self._pending) * self._per_target)
+        elif self._behind:  # what the drafter's window holds past its cache (``Drafter.unread``)
+            length = len(self._ctx.ids) + round(len(self._pending) * self._per_target)
+            unread = self.drafter.unread(length, self._k_max)
         else:
             unread = 0
         return Offer(self.name, min(self._k_max, room), unread=unread, room=room)
@@ -144,12 +144,12 @@ class ModelDraft:
         times.translate_s += (t1 - t0) + (time.perf_counter() - t2)
         return Proposal(tr.target_ids, draft, tr, translator, branches)
 
-    def read(self, ids: list[int], k: int, limit: int) -> int:
+    def read(self, ids: list[int], k: int, limit: int, cap: bool = True) -> int:
         """Read up to ``limit`` drafter tokens of what a draft of ``k`` on ``ids`` would read first (a
-        prompt's catch-up); how many it would still read beyond ``limit`` (``Drafter.read``). The
-        streaming device reads a long prompt this way, so that a stream that ends meanwhile waits for
-        one piece, not the whole read."""
-        return self.drafter.read(self._context(ids).ids, k, limit)
+        prompt's catch-up); how many it would still read beyond ``limit`` (``Drafter.read``; ``cap``
+        as there). The streaming device reads a long prompt this way, so that a stream that ends
+        meanwhile waits for one piece, not the whole read."""
+        return self.drafter.read(self._context(ids).ids, k, limit, cap)
 
     def token_seconds(self, ids: list[int]) -> float:
         """Seconds per token the drafter takes to draft here, timed once: the better of two steps on
@@ -187,7 +187,7 @@ class ModelDraft:
         new tokens, where it may fork again. The drafter's own context is left as it was: the line's
         next draft re-reads only what this one's cache does not share with it."""
         draft = proposal.draft
-        more = self.drafter.draft(list(draft.context) + draft.tokens, k, self._plan.policy)
+        more = self.drafter.draft_after(list(draft.context) + draft.tokens, k, self._plan.policy)
         tokens = draft.tokens + more.tokens
         longer = Draft(tokens, None, draft.context, len(tokens), runners_up=draft.runners_up + more.runners_up)
         return Proposal(self.bridge.forward_text(ids, tokens).target_ids, longer)
