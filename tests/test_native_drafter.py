@@ -292,3 +292,9 @@ def test_a_long_catch_up_behind_a_long_cache_reads_only_its_last_part(native, lo
     while drafter.read(long_text[:800], 1, 64, cap=False):  # idle time: the whole window, in pieces
         pass
     assert drafter.draft(long_text[:800], 1, policy).read_tokens <= 64 and lm.cached_ids[:800] == long_text[:800]
+    # new text longer than what the window keeps of it: nothing of the window is cached, still capped
+    lm.reset()
+    drafter = Drafter(lm)
+    drafter.draft(long_text[:400], 1, policy)
+    assert len(drafter.window(long_text, 1)) < len(long_text) - 400  # the window slid past the cache
+    assert drafter.draft(long_text, 1, policy).read_tokens == CATCH_UP_CAP

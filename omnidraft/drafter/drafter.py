@@ -88,29 +88,31 @@ class Drafter:
         """The window to read now; where it slid past what the cache holds, a backend that can drop
         positions drops the ones left behind (checked against the cache: the text may have changed),
         so that only the new tokens are read. With ``cap``, a long catch-up is capped (module doc)."""
-        self._check_floor(context)
+        held = self._held(context)  # before a drop moves the cache to the new start
+        past_sinks = len(self.lm.cached_ids) - SINK
+        if self._floor != SINK and (past_sinks <= 0 or held < min(past_sinks, 8)):
+            self._floor = SINK  # the cache no longer holds the capped window: a new text, a dropped cache
         start = self._body_start(len(context), k)
         window = _from(context, start)
         shift, cached = start - self._start, self.lm.cached_ids
         if hasattr(self.lm, "drop") and shift > 0 and len(cached) >= SINK + shift + 8 and len(window) >= SINK + 8:
             if cached[:SINK] == list(window[:SINK]) and cached[SINK + shift:SINK + shift + 8] == list(window[SINK:SINK + 8]):
                 self.lm.drop(SINK, shift)
-        kept = common_prefix_len(self.lm.cached_ids, window)
-        if cap and len(window) - kept > CATCH_UP_CAP and kept - SINK >= CATCH_UP_CAP:
-            self._floor = start = len(context) - CATCH_UP_CAP
-            window = _from(context, start)
+        if cap and held >= CATCH_UP_CAP:
+            unread = len(window) - common_prefix_len(self.lm.cached_ids, window)
+            if unread > CATCH_UP_CAP:
+                self._floor = start = len(context) - CATCH_UP_CAP
+                window = _from(context, start)
         self._start = start
         return window
 
-    def _check_floor(self, context: Sequence[int]) -> None:
-        """Lift a cap's floor once the cache no longer holds the window it started (a new text, a
-        dropped cache): the next window is the usual one again."""
-        if self._floor == SINK:
-            return
+    def _held(self, context: Sequence[int]) -> int:
+        """How many tokens of ``context`` past the sinks the cache holds, from where the last window
+        began: also where the new text is longer than the window, so nothing of it is in the cache."""
         cached = self.lm.cached_ids
-        held = min(len(cached) - SINK, 8)
-        if held <= 0 or self._start >= len(context) or cached[SINK:SINK + held] != list(context[self._start:self._start + held]):
-            self._floor = SINK
+        if len(cached) <= SINK or cached[:SINK] != list(context[:SINK]):
+            return 0
+        return common_prefix_len(cached[SINK:], context[self._start:self._start + len(cached) - SINK])
 
     @torch.inference_mode()
     def read(self, context: Sequence[int], k: int, limit: int, cap: bool = True) -> int:
