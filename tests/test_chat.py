@@ -169,8 +169,11 @@ def test_the_gain_line_compares_the_first_turns_with_the_last():
     fast = DecodeStats(target_forwards=5, new_tokens=10, wall_s=2.0, step_rates=[0.6])
     assert gain_line([(None, slow)]) is None  # nothing to compare yet
     line = gain_line([(None, slow), (None, slow), (1, fast), (2, fast)])
-    assert line == ("since the session began: adapter v0 → v2 · first 2 turns 2.0 tok/s, accept 0.20 → "
-                    "last 2 turns 5.0 tok/s, accept 0.60 (2.50×)")
+    assert line == ("since the session began: adapter v0 → v2 · first 2 turns 2.0 tok/s, accept 0.20, 1.00 tok/target fwd → "
+                    "last 2 turns 5.0 tok/s, accept 0.60, 2.00 tok/target fwd (2.00× tokens per target forward)")
+    # a longer context slows every forward: fewer tok/s, yet the drafter saves more forwards
+    later = DecodeStats(target_forwards=4, new_tokens=10, wall_s=6.0, step_rates=[0.7])
+    assert gain_line([(None, slow), (1, later)]).endswith("accept 0.70, 2.50 tok/target fwd (2.50× tokens per target forward)")
     window = gain_line([(3, slow)] * 4 + [(3, fast)] * 6)  # three turns at each end, at most
     assert "adapter v3 → v3 · first 3 turns 2.0 tok/s" in window and "last 3 turns 5.0 tok/s" in window
     assert gain_line([(None, slow), (None, fast)]).startswith("since the session began: no adapter")
@@ -306,7 +309,8 @@ def test_slash_commands_and_bad_input_get_one_line_and_the_session_goes_on(first
     after = "\n".join(first_session["stats_after"])
     assert "session: 2 turns" in after and int(ENTRIES.search(after).group(2)) > 0
     assert re.search(r"since the session began: (no adapter|adapter v\d+ → v\d+) · first 1 turn [\d.]+ tok/s, "
-                     r"accept \S+ → last 1 turn [\d.]+ tok/s, accept \S+ \([\d.]+×\)", after), after
+                     r"accept \S+, [\d.]+ tok/target fwd → last 1 turn [\d.]+ tok/s, accept \S+, [\d.]+ tok/target fwd "
+                     r"\([\d.]+× tokens per target forward\)", after), after
 
 
 @pytest.mark.real

@@ -132,20 +132,25 @@ GAIN_WINDOW = 3  # turns averaged at each end of the session for the /stats gain
 
 
 def gain_line(turns: Sequence[tuple[int | None, Any]]) -> str | None:
-    """The /stats line that shows whether the session got faster: the adapter version and speed of
-    its first turns against its last (``turns``: (adapter version or None, DecodeStats) per turn,
-    oldest first). None before there are two turns to compare."""
+    """The /stats line that shows whether the session got faster: the adapter version, speed,
+    acceptance and tokens per target forward of its first turns against its last (``turns``:
+    (adapter version or None, DecodeStats) per turn, oldest first). The gain is the ratio of tokens
+    per target forward: tok/s also falls as the conversation grows, since every target forward then
+    reads a longer context, so a drafter that improved could show a lower tok/s than in the first
+    turns. None before there are two turns to compare."""
     if len(turns) < 2:
         return None
     n = min(GAIN_WINDOW, len(turns) // 2)
     first, last = reduce(add, (s for _, s in turns[:n])), reduce(add, (s for _, s in turns[-n:]))
-    gain = last.tokens_per_s / first.tokens_per_s if first.tokens_per_s > 0 else float("nan")
+    before, after = first.tokens_per_target_forward, last.tokens_per_target_forward
+    gain = after / before if before > 0 else float("nan")
     versions = [v for v, _ in turns]
     adapter = ("no adapter" if versions[0] is None and versions[-1] is None
                else f"adapter v{versions[0] or 0} → v{versions[-1] or 0}")
     return (f"since the session began: {adapter} · first {plural(n, 'turn')} {first.tokens_per_s:.1f} tok/s, "
-            f"accept {_acceptance(first)} → last {plural(n, 'turn')} {last.tokens_per_s:.1f} tok/s, "
-            f"accept {_acceptance(last)} ({gain:.2f}×)")
+            f"accept {_acceptance(first)}, {before:.2f} tok/target fwd → last {plural(n, 'turn')} "
+            f"{last.tokens_per_s:.1f} tok/s, accept {_acceptance(last)}, {after:.2f} tok/target fwd "
+            f"({gain:.2f}× tokens per target forward)")
 
 
 def _acceptance(stats: Any) -> str:
