@@ -128,6 +128,7 @@ def plot(args: argparse.Namespace) -> None:
             ax2.axvline(turns[i], color="grey", alpha=0.3)
             ax2.text(turns[i], 0.02, f"v{versions[i]}", fontsize=7, color="grey")
     ax2.axhline(1.0, ls="--", color="grey", lw=0.8)
+    ax2.set_xticks(list(turns))
     ax2.set_xlabel("turn (grey lines: a new adapter version)")
     ax2.legend(fontsize=8)
     ax2.grid(alpha=0.3)
