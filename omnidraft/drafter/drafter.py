@@ -13,7 +13,7 @@ DRAFT_WINDOW, because a drafted token's attention grows with the context while t
 a far context is small. Other backends read the window again once per quarter window.
 
 One catch-up read is capped at CATCH_UP_CAP tokens where the cache already holds at least that
-much of the window (a chat's next message, the text after a run of plain steps): the window then
+much of the text (a chat's next message, the text after a run of plain steps): the window then
 starts CATCH_UP_CAP tokens before the end, and what the cache held is dropped. Reading a long new
 message behind a long conversation costs more per token than reading it alone (each read token
 attends to the whole cache), and the drafted tokens after it pay for the longer window too; the
@@ -38,7 +38,7 @@ WINDOW_MARGIN = 16  # positions kept free beyond the draft itself
 DRAFT_ROOM = 64  # the draft lengths a window leaves room for: below it, the window does not depend on k
 SINK = 4  # first tokens every window keeps (StreamingLLM's attention sinks)
 DRAFT_WINDOW = 1024  # the window of a drafter that can drop positions (a token's attention cost grows with it)
-CATCH_UP_CAP = 256  # the most one catch-up reads behind a cache that holds at least this much of the window
+CATCH_UP_CAP = 256  # the most one catch-up reads behind a cache that holds at least this much of the text
 
 
 class Drafter:
