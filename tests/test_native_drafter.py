@@ -298,3 +298,37 @@ def test_a_long_catch_up_behind_a_long_cache_reads_only_its_last_part(native, lo
     drafter.draft(long_text[:400], 1, policy)
     assert len(drafter.window(long_text, 1)) < len(long_text) - 400  # the window slid past the cache
     assert drafter.draft(long_text, 1, policy).read_tokens == CATCH_UP_CAP
+
+
+@pytest.mark.real
+def test_a_text_rewritten_before_the_cache_reads_only_what_is_new(native, long_text):
+    """A chat that dropped its oldest turns to fit the target's context: the drafter finds its cached
+    text again in the rewritten one (past the tokens its last draft added, which the text does not
+    have), drops the cached tokens the text lost and reads only the new message, whether its window
+    began at the text's start or had slid; a text without the cached part is read whole."""
+    from omnidraft.drafter.drafter import SINK
+    from omnidraft.drafter.policy import DraftPolicy, FixedLength, Sampler
+    from omnidraft.vocab.translate import FixedConstraint
+
+    lm, _ = native
+    lm.apply_adapter(None)
+    lm.reset()
+    drafter = Drafter(lm)
+    policy = DraftPolicy(Sampler(), FixedConstraint(torch.zeros(lm.vocab_size)), FixedLength())
+    assert len(drafter.draft(long_text[:600], 4, policy).tokens) == 4  # the cache now ends in 3 drafted tokens
+    rewritten = long_text[:20] + long_text[300:640]  # tokens 20-299 gone (the oldest turns), 40 new ones
+    after = drafter.draft(rewritten, 1, policy)
+    assert after.read_tokens <= 40 and list(after.context) == rewritten  # the start both share is kept too
+    assert lm.cached_ids[: len(rewritten)] == rewritten
+    # a window that had slid (the sinks and a recent part cached): it starts where the cached part now is
+    lm.reset()
+    drafter = Drafter(lm)
+    slid = drafter.draft(long_text[:1100], 1, policy)
+    assert slid.context[SINK] != long_text[SINK]
+    rewritten = long_text[:20] + long_text[700:1130]
+    after = drafter.draft(rewritten, 1, policy)
+    assert after.read_tokens == 30 and list(after.context) == long_text[:SINK] + long_text[700:1130]
+    assert lm.cached_ids[: len(after.context)] == list(after.context)
+    # the cached part is not in the new text: all of it is read
+    other = long_text[:SINK] + long_text[1200:1400]
+    assert drafter.draft(other, 1, policy).read_tokens == len(other) - SINK

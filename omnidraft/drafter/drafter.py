@@ -19,6 +19,11 @@ message behind a long conversation costs more per token than reading it alone (e
 attends to the whole cache), and the drafted tokens after it pay for the longer window too; the
 far context is what the drafter uses least. A first read (a fresh prompt, nothing cached) is never
 capped: code needs its prompt.
+
+A text rewritten before the cached part (a chat that dropped its oldest turns to fit the target's
+context) is found again: where the cache's last tokens occur in the new text, the window moves to
+the start of what the cache still matches there, and a backend that can drop positions drops the
+cached ones the new text no longer has. Only the new message is read, not the whole window again.
 """
 
 from __future__ import annotations
@@ -39,6 +44,9 @@ DRAFT_ROOM = 64  # the draft lengths a window leaves room for: below it, the win
 SINK = 4  # first tokens every window keeps (StreamingLLM's attention sinks)
 DRAFT_WINDOW = 1024  # the window of a drafter that can drop positions (a token's attention cost grows with it)
 CATCH_UP_CAP = 256  # the most one catch-up reads behind a cache that holds at least this much of the text
+RELOCATE_MIN = 64  # cached tokens past the sinks that a rewritten text must still hold for the cache to be kept
+RELOCATE_PROBE = 16  # cached tokens searched for in a rewritten text
+RELOCATE_BACK = 32  # ... ending up to this far before the cache's end (drafted tokens the target rejected)
 
 
 class Drafter:
@@ -90,6 +98,8 @@ class Drafter:
         so that only the new tokens are read. With ``cap``, a long catch-up is capped (module doc)."""
         held = self._held(context)  # before a drop moves the cache to the new start
         past_sinks = len(self.lm.cached_ids) - SINK
+        if past_sinks - held >= RELOCATE_MIN:  # much of the cache is not where the text is now: rewritten?
+            held = self._relocate(context) or held
         if self._floor != SINK and (past_sinks <= 0 or held < min(past_sinks, 8)):
             self._floor = SINK  # the cache no longer holds the capped window: a new text, a dropped cache
         start = self._body_start(len(context), k)
@@ -113,6 +123,38 @@ class Drafter:
         if len(cached) <= SINK or cached[:SINK] != list(context[:SINK]):
             return 0
         return common_prefix_len(cached[SINK:], context[self._start:self._start + len(cached) - SINK])
+
+    def _relocate(self, context: Sequence[int]) -> int:
+        """Where the text before the cached part was rewritten (module doc): find RELOCATE_PROBE cached
+        tokens from the cache's end in ``context`` (their last occurrence; the probe steps back past
+        drafted tokens the target rejected, which the new text does not have) and extend the match
+        backwards. If at least RELOCATE_MIN cached tokens match, drop the cached ones before the match
+        that the new text no longer has: all of them past the sinks, or, where the match begins right
+        after the text both still start with (a chat's system prompt), those between the two. Returns
+        how many cached tokens of the text the window then starts with (0: none)."""
+        cached = self.lm.cached_ids
+        n = len(cached)
+        if n - SINK < RELOCATE_MIN or list(context[:SINK]) != cached[:SINK]:
+            return 0
+        for back in range(0, RELOCATE_BACK + 1, RELOCATE_PROBE):
+            last = n - back  # the probe's cached tokens end here
+            end = _last_occurrence(context, cached[last - RELOCATE_PROBE:last], SINK)
+            if end >= 0:
+                break
+        else:
+            return 0
+        matched = RELOCATE_PROBE
+        while matched < last - SINK and end - matched > SINK and cached[last - matched - 1] == context[end - matched - 1]:
+            matched += 1
+        begin, head = end - matched, common_prefix_len(cached, context)
+        keep = head if begin == head else SINK  # cached positions kept before the match
+        gone = last - matched - keep
+        if matched < RELOCATE_MIN or (gone and not hasattr(self.lm, "drop")):
+            return 0
+        if gone:
+            self.lm.drop(keep, gone)
+        self._start = self._floor = SINK if begin == head else begin
+        return end - self._start
 
     @torch.inference_mode()
     def read(self, context: Sequence[int], k: int, limit: int, cap: bool = True) -> int:
@@ -167,6 +209,15 @@ class Drafter:
 def _from(context: Sequence[int], start: int) -> Sequence[int]:
     """The window whose part after the sinks begins at ``start`` (SINK: all of the context)."""
     return context if start == SINK else list(context[:SINK]) + list(context[start:])
+
+
+def _last_occurrence(seq: Sequence[int], probe: Sequence[int], lo: int = 0) -> int:
+    """The index just past the last occurrence of ``probe`` in ``seq`` at or after ``lo`` (-1: none)."""
+    first, width = probe[0], len(probe)
+    for i in range(len(seq) - width, lo - 1, -1):
+        if seq[i] == first and list(seq[i:i + width]) == list(probe):
+            return i + width
+    return -1
 
 
 def runner_up(masked: torch.Tensor, chosen: int) -> int:

@@ -20,7 +20,8 @@ One object (:class:`CostPolicy`) does the whole job, for every draft source alik
   loses time makes the next one twice as rare (every ``EXPLORE_EVERY`` skipped steps at first, at
   most every ``EXPLORE_MAX``), and all of them together lose at most ``EXPLORE_SHARE`` of the
   steps they were asked about, so a pair where drafting never pays costs almost nothing, even in
-  short requests. One
+  short requests. A drafter's exploration is priced with the whole read of the text it skipped
+  (where drafting never pays, the drafter reads again at each exploration). One
   routine (:class:`Exploration`) serves every source: one schedule for the lookups, which cost
   nothing to draft, and one for the drafter.
 
@@ -72,7 +73,7 @@ MEASURE_KS = (0, 1, 2, 3, 4, 6, 8)  # proposals per measured verify (k + 1 new t
 MEASURE_CONTEXT = 128  # context tokens behind the measured evals
 EXPLORE_EVERY = 16  # a skipped step drafts anyway this often, when drafting could pay at all
 EXPLORE_MAX = 256  # ... and, after explorations that lost time, up to this rarely (doubling each time)
-EXPLORE_SHARE = 0.01  # lookup explorations may lose at most this share of the steps with a lookup on offer
+EXPLORE_SHARE = 0.01  # a kind of source's explorations may lose at most this share of the steps it was on offer
 STALE_COST_KEEP = 0.98  # per step the drafter sat out, the share of d's (and the read cost's) excess over its timing kept
 # Catch-up reads shorter than this do not teach the read cost per token: a read of 1-2 tokens costs
 # about a whole step each, one of hundreds a fraction of a step each, and the read cost prices the
@@ -188,8 +189,12 @@ class Exploration:
             self.active = False
 
     def restart(self) -> None:
-        """Explore again within EXPLORE_EVERY steps (the source changed); the budget carries on."""
+        """Explore again within EXPLORE_EVERY steps (the source changed): the gap starts again and
+        what the budget owes is forgiven, since those explorations tried the old source; the budget
+        earned carries on."""
         self.every, self.since = EXPLORE_EVERY, 0
+        if math.isfinite(self.share):
+            self.lost = min(self.lost, self.share * self.steps)
 
     def state(self) -> list[float]:
         return [self.steps, self.lost]
@@ -201,14 +206,16 @@ class Exploration:
             self.steps, self.lost = int(saved[0]), float(saved[1])
 
 
-def explore_length(d: float, costs: Callable[[int], float], k_max: int, room: float, catch_up: float = 0.0) -> int:
+def explore_length(d: float, costs: Callable[[int], float], k_max: int, room: float, catch_up: float = 0.0,
+                   read: float = 0.0) -> int:
     """The length an exploration drafts: the best one at OPTIMISTIC_ACCEPTANCE among those whose
-    worst case (every token rejected: V(k) + k d - V(0)) loses at most ``room`` plain steps; 0 where
-    even that best case, paying ``catch_up`` seconds per emitted token for a read first, would beat
-    a plain step by less than EXPLORE_MIN_GAIN."""
+    worst case (every token rejected: ``read`` seconds to catch up, then V(k) + k d - V(0)) loses at
+    most ``room`` plain steps; 0 where even that best case, paying ``catch_up`` seconds per emitted
+    token for the read (spread over the tokens it pays back over), would beat a plain step by less
+    than EXPLORE_MIN_GAIN."""
     v0, cap = costs(0), 0
     for k in range(1, k_max + 1):
-        if costs(k) + k * d - v0 > room * v0:
+        if read + costs(k) + k * d - v0 > room * v0:
             break
         cap = k
     if not cap:
@@ -310,10 +317,11 @@ class CostPolicy:
         self.k_max = k_max
         self.acceptance: dict[str, AcceptanceStats] = {DRAFTER: AcceptanceStats(k_max, prior_mean=0.6, decay=0.995)}
         self.calibration = ConfidenceCalibration()
-        # by source.free: the drafter (no budget: where it could pay at all it usually does, and its
-        # explorations must find that soon) and the lookups (budgeted: where a verified row costs a
-        # step, a lookup that fails loses several)
-        self.explorations = {False: Exploration(share=math.inf), True: Exploration()}
+        # by source.free: the drafter and the lookups, each with a budget: where a verified row costs
+        # most of a step (llama.cpp on a CPU), a failed lookup loses several, and a drafter's
+        # exploration also reads all the text it skipped (unbudgeted, a fresh policy's first few lost
+        # 4-19% of a short request there); where verifies are flat, one costs a fraction of a step
+        self.explorations = {False: Exploration(), True: Exploration()}
         self.choices: dict[int, int] = {}  # the drafter's allowance -> steps (what the policy did)
         self.weights: str | None = None  # the drafter's adapter version its statistics describe (None: unknown)
         self.path = path  # where the state is kept (None: in memory only)
@@ -418,7 +426,7 @@ class CostPolicy:
                            for key, st in lookups.items()},
                 "calibration": {"tried": self.calibration.tried, "accepted": self.calibration.accepted},
                 "weights": self.weights, "machine": self.machine,
-                "lookup_budget": self.explorations[True].state()}  # the drafter's explorations have none
+                "lookup_budget": self.explorations[True].state(), "drafter_budget": self.explorations[False].state()}
 
     def restore(self, state: dict) -> bool:
         """Take a saved state; False (and nothing changed) for anything malformed."""
@@ -447,6 +455,7 @@ class CostPolicy:
             weights = state.get("weights")
             self.weights = weights if isinstance(weights, str) else None
             self.explorations[True].restore(state.get("lookup_budget"))
+            self.explorations[False].restore(state.get("drafter_budget"))
         return ok
 
     def drafter_weights(self, key: str) -> None:
@@ -557,11 +566,12 @@ class CostPolicy:
         d = 0.0 if free else self.draft_cost.seconds_per_token
         costs = self._capped_verify()
         catch_up = 0.0 if free else self.catch_up_per_token(offer.unread, offer.room)
+        read = 0.0 if free else offer.unread * self.read_cost.seconds_per_token
         k_max = offer.limit
         rates = with_catch_up(expected_rates(self.acceptance_for(offer.key, offer.prior).rates(k_max), d, costs, k_max),
                               catch_up)
         k = best_rate(rates)
-        return k, rates[k], lambda room: explore_length(d, costs, k_max, room, catch_up)
+        return k, rates[k], lambda room: explore_length(d, costs, k_max, room, catch_up, read)
 
     def catch_up_per_token(self, unread: int, room: int = 0) -> float:
         """Seconds each emitted token pays for reading ``unread`` tokens first: the read spread over
@@ -629,11 +639,10 @@ class CostPolicy:
                 self.branch_hits.update(1, int(step.branch_kept > 0))
         if not reads_prompt:
             self.verify_costs.observe(step.proposed + step.branch_rows, step.verify_s)  # V counts rows
+            # an exploration is charged its whole catch-up read, as explore_length priced its worst
+            # case: if it lost, the drafter sits out again and that read paid for nothing
             plain = self._capped_verify()(0)
-            # a catch-up read is paid back by the steps after it: this step carries its tokens' share
-            read = step.times.catch_up_s
-            spent = step.draft_s - read + read * (step.kept + 1) / CATCH_UP_HORIZON + step.verify_s
-            self.explorations[step.free].settle(spent / plain - (step.kept + 1))
+            self.explorations[step.free].settle((step.draft_s + step.verify_s) / plain - (step.kept + 1))
         self.acceptance_for(step.key).update(step.drafted, step.kept)
         probs = self._stop.probs if self._stop is not None and not step.free else []
         for i, q in enumerate(probs[: step.kept + 1]):  # conditional on the ones before being kept
