@@ -319,8 +319,8 @@ class CostPolicy:
         self.calibration = ConfidenceCalibration()
         # by source.free: the drafter and the lookups, each with a budget: where a verified row costs
         # most of a step (llama.cpp on a CPU), a failed lookup loses several, and a drafter's
-        # exploration also reads all the text it skipped (unbudgeted, a fresh policy's first few lost
-        # 4-19% of a short request there); where verifies are flat, one costs a fraction of a step
+        # exploration also reads all the text it skipped (unbudgeted, a fresh policy's first two lost
+        # a short request several percent there); where verifies are flat, one costs a fraction of a step
         self.explorations = {False: Exploration(), True: Exploration()}
         self.choices: dict[int, int] = {}  # the drafter's allowance -> steps (what the policy did)
         self.weights: str | None = None  # the drafter's adapter version its statistics describe (None: unknown)
