@@ -213,9 +213,10 @@ def _from(context: Sequence[int], start: int) -> Sequence[int]:
 
 def _last_occurrence(seq: Sequence[int], probe: Sequence[int], lo: int = 0) -> int:
     """The index just past the last occurrence of ``probe`` in ``seq`` at or after ``lo`` (-1: none)."""
+    probe = list(probe)
     first, width = probe[0], len(probe)
     for i in range(len(seq) - width, lo - 1, -1):
-        if seq[i] == first and list(seq[i:i + width]) == list(probe):
+        if seq[i] == first and list(seq[i:i + width]) == probe:
             return i + width
     return -1
 
