@@ -297,12 +297,24 @@ def test_server_stream_is_the_target_alone_in_one_call(server, local_target, tmp
 
 
 @pytest.mark.real
-def test_the_server_drafts_by_prompt_lookup_where_the_device_sends_nothing(server, local_target):
+def test_the_server_drafts_by_prompt_lookup_where_the_device_sends_nothing(server, local_target, monkeypatch):
     """A Decode stream that asks for lookup and never sends a draft: the server proposes from the
-    context itself, and the tokens are those of Generate (the server alone)."""
+    context itself, and the tokens are those of Generate (the server alone).
+
+    Whether a lookup draft pays depends on this host's verify costs (on a slow CPU a verify of a few
+    rows can cost more than the tokens a 0.5 prior expects), so the server here holds the costs of
+    a memory-bound target (every short verify costs one step, as on a GPU) and learns none: the test
+    is of the mechanism; the choice of k is tested in test_costs and test_cost_policy."""
     import threading
 
+    from omnidraft.costs import VerifyCosts
     from omnidraft.rpc.proto import pb, services
+    from omnidraft.rpc.server import ProposalBudget
+
+    budget = ProposalBudget()
+    budget.costs = VerifyCosts.flat(1.0)
+    monkeypatch.setattr(budget, "observe", lambda k, seconds: None)
+    monkeypatch.setattr(server.service, "budget", budget)
 
     stub = services.TargetStub(grpc.insecure_channel(f"127.0.0.1:{server.port}"))
     md = (("authorization", f"Bearer {TOKEN}"),)
