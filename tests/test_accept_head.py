@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from tiny import tiny_model, tiny_pair
+from tiny import holding_costs, tiny_model, tiny_pair
 
 from omnidraft.adapter import head as accept_head
 from omnidraft.adapter import store as adapter_store
@@ -160,7 +160,7 @@ def test_use_head_false_drafts_as_if_the_adapter_had_no_head(decoder):
     def cheap_drafting() -> CostPolicy:  # a verify costs one step whatever its length, a drafted token ~nothing
         policy = CostPolicy()
         policy.verify_costs, policy.draft_cost = VerifyCosts.flat(0.150), DraftCost(0.0001)
-        return policy
+        return holding_costs(policy)
 
     cfg = DecodeConfig(max_new_tokens=24, draft_len=6, lookup=False)
     kept = decoder.cost_policy

@@ -119,7 +119,7 @@ def test_bench_cli_smoke(tmp_path, cli):
     for name, row in modes.items():
         assert row["tokens_per_s"] > 0 and row["prompts"] == 2
         assert row["speedup_vs_target"] > 0
-    assert modes["greedy"]["tokens_per_target_forward"] > 1.0
+    assert modes["greedy-k4@llamacpp"]["tokens_per_target_forward"] > 1.0  # a fixed length: it drafts on any host
     assert (out / "results.md").read_text().count("\n|") >= 8
     assert (out / "speedup.png").stat().st_size > 1000 and (out / "time_split.png").stat().st_size > 1000
 

@@ -5,16 +5,17 @@ from __future__ import annotations
 
 import math
 
-from tiny import tiny_pair
+from tiny import holding_costs, tiny_pair
 
 from omnidraft.config import DecodeConfig
-from omnidraft.costs import DraftCost, VerifyCosts, best_draft_length
+from omnidraft.costs import EVEN_PRIOR, DraftCost, VerifyCosts, best_draft_length, expected_rates
 from omnidraft.decode import SpeculativeDecoder
 from omnidraft.runtime import make_drafter
 from omnidraft.sources.base import Offer, StepResult, StepTimes
 from omnidraft.sources.lookup import LONG_MATCH, LONG_MATCH_PRIOR, match_key, match_prior
 from omnidraft.sources.policy import (
     CATCH_UP_HORIZON,
+    DRAFT_MIN_GAIN,
     DRAFTER,
     EXPLORE_EVERY,
     EXPLORE_MAX,
@@ -153,11 +154,11 @@ def test_decoding_follows_the_policy_and_keeps_the_output():
     config = DecodeConfig(max_new_tokens=24, draft_len=4)
     expected = SpeculativeDecoder(target).generate(prompt, config).token_ids
     losing = SpeculativeDecoder(target, make_drafter(d_model, bridge, target), bridge)
-    losing.cost_policy = measured_policy(VerifyCosts(LLAMA_CPP), drafter_s=0.030)
+    losing.cost_policy = holding_costs(measured_policy(VerifyCosts(LLAMA_CPP), drafter_s=0.030))
     assert losing.generate(prompt, config).token_ids == expected
     assert losing.stats.drafted_tokens == 0 and losing.stats.plain_steps == losing.stats.steps
     paying = SpeculativeDecoder(target, make_drafter(d_model, bridge, target), bridge)
-    paying.cost_policy = measured_policy(VerifyCosts.flat(0.150), drafter_s=0.001)
+    paying.cost_policy = holding_costs(measured_policy(VerifyCosts.flat(0.150), drafter_s=0.001))
     assert paying.generate(prompt, config).token_ids == expected
     assert paying.stats.drafted_tokens > 0 and paying.cost_policy.stats.steps > 0
 
@@ -585,3 +586,17 @@ def test_the_adapter_slot_asks_the_trainer_once_per_request_not_between_steps(tm
     assert slot.source.polls == 1
     slot.refresh()
     assert slot.source.polls == 2
+
+
+def test_a_draft_expected_to_win_less_than_the_minimum_gain_is_not_made():
+    """A key never tried, at its even prior, where a drafted row costs most of a plain step
+    (llama.cpp on a 2-core CPU: V(2) 81 ms against V(0) 47 ms) is expected to win about 1.6%: less
+    than DRAFT_MIN_GAIN, so the step is plain; evidence that the key is usually right makes it draft."""
+    costs = VerifyCosts({0: 0.047, 1: 0.070, 2: 0.081, 4: 0.110})
+    b = measured_policy(costs, drafter_s=0.005)
+    rates = expected_rates(0.5, 0.0, b._capped_verify(), 2)
+    assert 1.0 < max(rates) / rates[0] < DRAFT_MIN_GAIN  # it would have drafted on the estimate alone
+    assert b._plan(Offer("context-2", 2, prior=EVEN_PRIOR), True)[0] == 0
+    for _ in range(8):
+        observe_lookup(b, "context-2", 2, 2, costs(2))
+    assert b._plan(Offer("context-2", 2, prior=EVEN_PRIOR), True)[0] > 0

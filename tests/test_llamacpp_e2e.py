@@ -112,21 +112,30 @@ def test_a_reply_that_ends_early_leaves_the_cache_as_the_target_alone_would(llam
 
 
 @pytest.mark.real
-def test_the_cost_policy_does_not_draft_at_a_loss_on_llama_cpp(llama_pair):
+def test_the_cost_policy_does_not_draft_at_a_loss_on_llama_cpp(llama_pair, monkeypatch):
     """The default policy measures both costs and keeps the target's output. Whether drafting pays
     depends on the machine (a bf16 drafter on AMX tiles can be cheaper than a llama.cpp step), so
-    the test holds the policy to its own measurements: a drafter that costs more per token than a
-    plain step is never used."""
+    the test holds the policy to its own estimates as they stood at each choice (they move with every
+    timed step): the drafter is never chosen while it costs more per token than a plain step."""
     spec, target, decoder = llama_pair
     ids = encode_prompt(target.tokenizer, "def fib(n):\n")
     config = DecodeConfig(max_new_tokens=24)
+    policy = decoder.cost_policy
+    choose, drafter_chosen = policy.choose, []
+
+    def recording(offers):
+        chosen, k = choose(offers)
+        if chosen >= 0 and k and not offers[chosen][1]:
+            drafter_chosen.append((policy.draft_cost.seconds_per_token, policy._capped_verify()(0)))
+        return chosen, k
+
+    monkeypatch.setattr(policy, "choose", recording)
     plain = SpeculativeDecoder(target).generate(ids, config).token_ids
     got = decoder.generate(ids, config).token_ids
     assert got == plain
-    policy = decoder.cost_policy
     assert policy.measured and policy.draft_cost.seconds_per_token > 0 and policy.verify_costs(0) > 0
-    if policy.draft_cost.seconds_per_token > policy.verify_costs(0):
-        assert decoder.stats.drafted_tokens == 0  # the drafter never ran (free lookup drafts may)
+    assert all(d <= v0 for d, v0 in drafter_chosen), drafter_chosen
+    assert drafter_chosen or decoder.stats.drafted_tokens == 0  # what the drafter drafted, it was chosen for here
 
 
 def _cli(*args: str, code: str | None = None) -> subprocess.CompletedProcess:

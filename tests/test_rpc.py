@@ -66,6 +66,21 @@ def decoder_for(target, real_models):
 FORCED = dict(max_new_tokens=32, draft_len=4, draft_stop="fixed")  # every step drafts: every step a Verify
 
 
+def memory_bound_costs(service, monkeypatch) -> None:
+    """Give ``service`` the verify costs of a memory-bound target (every short verify costs one step,
+    as on a GPU or behind a long round trip) and let it learn none. Whether a draft pays depends on
+    this host's costs (on a slow 2-core CPU a verify of a few rows costs more than the tokens a 0.5
+    prior expects, and the server rightly verifies nothing), so a test of the streaming mechanism
+    holds them; the choice of k is tested in test_proposal_budget and test_costs."""
+    from omnidraft.costs import VerifyCosts
+    from omnidraft.rpc.server import ProposalBudget
+
+    budget = ProposalBudget()
+    budget.costs = VerifyCosts.flat(1.0)
+    monkeypatch.setattr(budget, "observe", lambda k, seconds: None)
+    monkeypatch.setattr(service, "budget", budget)
+
+
 @pytest.mark.real
 @pytest.mark.parametrize("config", [DecodeConfig(**FORCED), DecodeConfig(**FORCED, verify="text-sample", temperature=0.8, seed=7)],
                          ids=["greedy", "text-sample"])
@@ -241,10 +256,13 @@ def paced_server(local_target):
                                     DecodeConfig(max_new_tokens=24, lookup=False, verify="text-sample", temperature=0.8,
                                                  seed=7)],
                          ids=["greedy", "text-sample"])
-def test_streaming_verification_gives_the_targets_own_output(paced_server, local_target, real_models, tmp_path, config):
+def test_streaming_verification_gives_the_targets_own_output(paced_server, local_target, real_models, tmp_path, config,
+                                                            monkeypatch):
     """Drafts streamed up while the server decodes: the tokens are the target's own (greedy, and the
     same sample for the same seed), and drafts that arrived in time were kept. Lookup is off, so every
-    verified forward verified the device's drafter (the server's own lookup has a test below)."""
+    verified forward verified the device's drafter (the server's own lookup has a test below). The
+    server holds memory-bound costs (:func:`memory_bound_costs`)."""
+    memory_bound_costs(paced_server.service, monkeypatch)
     client = remote(paced_server, tmp_path, protocol="stream")
     through, alone = decoder_for(client, real_models), SpeculativeDecoder(local_target)
     tokens = forwards = accepted = verified = 0
@@ -261,14 +279,17 @@ def test_streaming_verification_gives_the_targets_own_output(paced_server, local
 
 
 @pytest.mark.real
-def test_the_device_forks_its_line_while_it_waits_and_the_output_stays_the_targets(local_target, real_models, tmp_path):
+def test_the_device_forks_its_line_while_it_waits_and_the_output_stays_the_targets(local_target, real_models, tmp_path,
+                                                                                  monkeypatch):
     """A server much slower than the drafter: the device has its line drafted well before each forward
     ends, and forks it where the drafter noted a runner-up; the server verifies a fork only after a
     correction it foresaw (test_stream_forks.py; how often: the bench's bracketed share). The tokens
-    are the target's own either way. Without ``--branch-rows`` (forks are opt-in) none is sent."""
+    are the target's own either way. Without ``--branch-rows`` (forks are opt-in) none is sent. The
+    server holds memory-bound costs (:func:`memory_bound_costs`)."""
     from omnidraft.rpc.server import serve
 
     served = serve(Paced(local_target, 0.8), TARGET, "llamacpp", port=0, token=TOKEN, max_sessions=2)
+    memory_bound_costs(served.service, monkeypatch)
     client = remote(served, tmp_path, protocol="stream")
     through, alone = decoder_for(client, real_models), SpeculativeDecoder(local_target)
     config = DecodeConfig(max_new_tokens=20, lookup=False, draft_len=4, branch_rows=8)
@@ -299,22 +320,13 @@ def test_server_stream_is_the_target_alone_in_one_call(server, local_target, tmp
 @pytest.mark.real
 def test_the_server_drafts_by_prompt_lookup_where_the_device_sends_nothing(server, local_target, monkeypatch):
     """A Decode stream that asks for lookup and never sends a draft: the server proposes from the
-    context itself, and the tokens are those of Generate (the server alone).
-
-    Whether a lookup draft pays depends on this host's verify costs (on a slow CPU a verify of a few
-    rows can cost more than the tokens a 0.5 prior expects), so the server here holds the costs of
-    a memory-bound target (every short verify costs one step, as on a GPU) and learns none: the test
-    is of the mechanism; the choice of k is tested in test_costs and test_cost_policy."""
+    context itself, and the tokens are those of Generate (the server alone); the server holds
+    memory-bound costs (:func:`memory_bound_costs`)."""
     import threading
 
-    from omnidraft.costs import VerifyCosts
     from omnidraft.rpc.proto import pb, services
-    from omnidraft.rpc.server import ProposalBudget
 
-    budget = ProposalBudget()
-    budget.costs = VerifyCosts.flat(1.0)
-    monkeypatch.setattr(budget, "observe", lambda k, seconds: None)
-    monkeypatch.setattr(server.service, "budget", budget)
+    memory_bound_costs(server.service, monkeypatch)
 
     stub = services.TargetStub(grpc.insecure_channel(f"127.0.0.1:{server.port}"))
     md = (("authorization", f"Bearer {TOKEN}"),)

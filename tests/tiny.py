@@ -50,3 +50,14 @@ def tiny_pair():
     d_model, t_model = tiny_model(len(d_tok), seed=1), tiny_model(len(t_tok), seed=2)
     target = TorchTarget(t_model, t_tok)
     return d_model, target, build_bridge(d_model, d_tok, t_model, t_tok)
+
+
+def holding_costs(policy):
+    """``policy`` (a CostPolicy) with its verify, drafter and read costs held where the test set them:
+    it still learns acceptance, but no timing of this host's steps moves a cost, so a test of what the
+    policy does at given costs does not turn on how fast or loaded the host is."""
+    for cost in (policy.verify_costs, policy.draft_cost, policy.read_cost):
+        cost.observe = lambda *args: None
+    for cost in (policy.draft_cost, policy.read_cost):
+        cost.relax = lambda *args: None
+    return policy

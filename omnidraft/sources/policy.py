@@ -88,6 +88,11 @@ OPTIMISTIC_ACCEPTANCE = 0.9  # "could pay at all": the best case a real drafter 
 # ... and pay enough to be worth finding out: an exploration costs a verify and, for a drafter that sat
 # out, a read of the text it skipped, which a best case of a few percent never earns back
 EXPLORE_MIN_GAIN = 1.05
+# A draft expected to beat a plain step by less than this is not made: such an estimate rests mostly on
+# a prior (an even chance for a lookup key never tried) and on verify costs that vary by a few percent
+# from step to step, and where each drafted row costs a good share of a step (a CPU target) a draft
+# whose prior was optimistic loses more than the few percent it was expected to win
+DRAFT_MIN_GAIN = 1.02
 DRAFTER = "drafter"  # the model drafter's acceptance key (lookup keys: "context-4", "history-3", …)
 STATE_FORMAT = 2
 
@@ -571,6 +576,8 @@ class CostPolicy:
         rates = with_catch_up(expected_rates(self.acceptance_for(offer.key, offer.prior).rates(k_max), d, costs, k_max),
                               catch_up)
         k = best_rate(rates)
+        if rates[k] < DRAFT_MIN_GAIN * rates[0]:
+            k = 0
         return k, rates[k], lambda room: explore_length(d, costs, k_max, room, catch_up, read)
 
     def catch_up_per_token(self, unread: int, room: int = 0) -> float:
