@@ -263,8 +263,14 @@ def test_a_writer_killed_mid_save_leaves_the_old_or_the_new_state(tmp_path, when
         assert proc.stdout.readline().strip() == "ready"
         if when == "in-transaction":
             deadline = time.monotonic() + 10
-            while not journal.exists() and time.monotonic() < deadline:
-                pass
+            while time.monotonic() < deadline:
+                if journal.exists():  # stop the writer, then look again: a stopped writer keeps its journal
+                    proc.send_signal(signal.SIGSTOP)
+                    while Path(f"/proc/{proc.pid}/stat").read_text().rsplit(") ", 1)[1][0] != "T":
+                        time.sleep(0.001)  # the signal is delivered when the writer next enters the kernel
+                    if journal.exists():
+                        break
+                    proc.send_signal(signal.SIGCONT)  # the transaction committed in between: try again
         else:
             time.sleep(when)
     finally:
