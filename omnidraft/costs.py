@@ -325,7 +325,15 @@ def expected_rates(a: Acceptance, d: float, V: CostFn, k_max: int) -> list[float
     return out
 
 
-def best_draft_length(a: Acceptance, d: float, V: CostFn, k_max: int) -> int:
+# A draft expected to beat a plain step by less than this is not made (the policies' choice, on the
+# device and on the server): such an estimate rests mostly on a prior (an even chance for a source
+# never tried) and on verify costs that vary by a few percent from step to step, and where each
+# drafted row costs a good share of a step (a CPU target) a draft whose prior was optimistic loses
+# more than the few percent it was expected to win
+DRAFT_MIN_GAIN = 1.02
+
+
+def best_draft_length(a: Acceptance, d: float, V: CostFn, k_max: int, min_gain: float = 1.0) -> int:
     """The k in 0..k_max maximising E(k)/T(k) (expected tokens per second).
 
     ``a``: the conditional acceptance probabilities a_1..a_k_max (a float for a constant rate; a
@@ -333,18 +341,20 @@ def best_draft_length(a: Acceptance, d: float, V: CostFn, k_max: int) -> int:
     seconds per token. ``V``: verify cost, k proposals -> seconds (a :class:`VerifyCosts`, any
     callable, or a mapping that is then interpolated).
 
-    Returns 0 (plain decoding) unless some k > 0 beats E(0)/T(0) = 1/V(0); ties go to the smaller k.
+    Returns 0 (plain decoding) unless some k > 0 beats E(0)/T(0) = 1/V(0) by ``min_gain``; ties go
+    to the smaller k.
     """
-    return best_rate(expected_rates(a, d, V, k_max))
+    return best_rate(expected_rates(a, d, V, k_max), min_gain)
 
 
-def best_rate(rates: Sequence[float]) -> int:
-    """The smallest k whose tokens/s ``rates[k]`` is the largest (0 unless a draft beats a plain step)."""
+def best_rate(rates: Sequence[float], min_gain: float = 1.0) -> int:
+    """The smallest k whose tokens/s ``rates[k]`` is the largest, if that beats a plain step
+    (``rates[0]``) by at least ``min_gain``; else 0."""
     best = 0
     for k in range(1, len(rates)):
         if rates[k] > rates[best]:
             best = k
-    return best
+    return best if best and rates[best] >= min_gain * rates[0] else 0
 
 
 def should_continue(i: int, p_cum: float, a_next: float, d: float, V: CostFn, *,

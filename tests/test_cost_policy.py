@@ -8,14 +8,13 @@ import math
 from tiny import holding_costs, tiny_pair
 
 from omnidraft.config import DecodeConfig
-from omnidraft.costs import EVEN_PRIOR, DraftCost, VerifyCosts, best_draft_length, expected_rates
+from omnidraft.costs import DRAFT_MIN_GAIN, EVEN_PRIOR, DraftCost, VerifyCosts, best_draft_length, expected_rates
 from omnidraft.decode import SpeculativeDecoder
 from omnidraft.runtime import make_drafter
 from omnidraft.sources.base import Offer, StepResult, StepTimes
 from omnidraft.sources.lookup import LONG_MATCH, LONG_MATCH_PRIOR, match_key, match_prior
 from omnidraft.sources.policy import (
     CATCH_UP_HORIZON,
-    DRAFT_MIN_GAIN,
     DRAFTER,
     EXPLORE_EVERY,
     EXPLORE_MAX,

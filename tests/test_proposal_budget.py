@@ -76,3 +76,16 @@ def test_the_device_may_rest_while_drafts_do_not_pay():
         rests.append(plan.rest(4))
     assert plan.exploration.every == EXPLORE_EVERY  # no more backoff: the device is woken every 16 forwards
     assert sum(1 for i in range(301, 700) if rests[i - 1] and not rests[i]) >= 10
+
+
+def test_a_verify_expected_to_win_less_than_the_minimum_gain_is_not_made():
+    """The server's lookup at its even prior where a verified row costs ~0.45 of a step: a verify of
+    one token would win ~3% (1.5 tokens for 1.45 steps), of two ~1%; the margin asks for 2%, so
+    k = 1 is verified and, where a row costs half a step (no k wins 2%), nothing is."""
+    from omnidraft.costs import DRAFT_MIN_GAIN, VerifyCosts
+
+    for per_row, expected in ((0.45, 1), (0.48, 0)):
+        budget = ProposalBudget()
+        budget.costs = VerifyCosts({k: STEP * (1 + per_row * k) for k in range(5)})
+        assert budget.best(0.5, 4) == expected, per_row
+    assert 1.5 / 1.48 < DRAFT_MIN_GAIN  # (0.48 would have verified one token at a 1.4% expected gain)

@@ -40,7 +40,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from omnidraft.console import notice
-from omnidraft.costs import AcceptanceStats, VerifyCosts, best_draft_length
+from omnidraft.costs import DRAFT_MIN_GAIN, AcceptanceStats, VerifyCosts, best_draft_length
 from omnidraft.errors import OmnidraftError
 from omnidraft.rpc import prefix_digest
 from omnidraft.rpc.proto import SERVICE_NAME, pb, services
@@ -532,7 +532,7 @@ class ProposalBudget:
             if cost is None:
                 return None
             rates = acceptance if isinstance(acceptance, float) else acceptance.rates(available)
-            return best_draft_length(rates, 0.0, cost, available)
+            return best_draft_length(rates, 0.0, cost, available, DRAFT_MIN_GAIN)
 
     def observe(self, k: int, seconds: float) -> None:
         with self.lock:

@@ -6,8 +6,8 @@ One object (:class:`CostPolicy`) does the whole job, for every draft source alik
   and d, the drafter's seconds per drafted token, timed once on the first request's prompt;
 - **persist**: the measurements and the learned statistics go to a small JSON file under the home
   (``models/costs/``), so a later process starts from them;
-- **decide**: a source may draft k tokens only when some k > 0 is expected to beat a plain step,
-  E(k)/T(k) > 1/V(0) (``costs.best_draft_length``), with a_i the source's own per-position
+- **decide**: a source may draft k tokens only when some k > 0 is expected to beat a plain step
+  by a margin, E(k)/T(k) >= DRAFT_MIN_GAIN / V(0) (``costs.best_draft_length``), with a_i the source's own per-position
   acceptance (counted per source key: the drafter, and each lookup source and match length, since
   a long match continues as before far more often than a short one). A source that drafts token by
   token (the model drafter) is then stopped by :class:`CostAwareStop` as soon as one more token is
@@ -48,6 +48,7 @@ from omnidraft.adapter.head import AcceptHead
 from omnidraft.config import MAX_BRANCH_ROWS, DecodeConfig
 from omnidraft.console import warn
 from omnidraft.costs import (
+    DRAFT_MIN_GAIN,
     EVEN_PRIOR,
     AcceptanceStats,
     DraftCost,
@@ -88,11 +89,6 @@ OPTIMISTIC_ACCEPTANCE = 0.9  # "could pay at all": the best case a real drafter 
 # ... and pay enough to be worth finding out: an exploration costs a verify and, for a drafter that sat
 # out, a read of the text it skipped, which a best case of a few percent never earns back
 EXPLORE_MIN_GAIN = 1.05
-# A draft expected to beat a plain step by less than this is not made: such an estimate rests mostly on
-# a prior (an even chance for a lookup key never tried) and on verify costs that vary by a few percent
-# from step to step, and where each drafted row costs a good share of a step (a CPU target) a draft
-# whose prior was optimistic loses more than the few percent it was expected to win
-DRAFT_MIN_GAIN = 1.02
 DRAFTER = "drafter"  # the model drafter's acceptance key (lookup keys: "context-4", "history-3", …)
 STATE_FORMAT = 2
 
@@ -225,9 +221,7 @@ def explore_length(d: float, costs: Callable[[int], float], k_max: int, room: fl
         cap = k
     if not cap:
         return 0
-    rates = with_catch_up(expected_rates(OPTIMISTIC_ACCEPTANCE, d, costs, cap), catch_up)
-    k = best_rate(rates)
-    return k if rates[k] >= EXPLORE_MIN_GAIN * rates[0] else 0
+    return best_rate(with_catch_up(expected_rates(OPTIMISTIC_ACCEPTANCE, d, costs, cap), catch_up), EXPLORE_MIN_GAIN)
 
 
 def with_catch_up(rates: Sequence[float], catch_up: float) -> list[float]:
@@ -575,9 +569,7 @@ class CostPolicy:
         k_max = offer.limit
         rates = with_catch_up(expected_rates(self.acceptance_for(offer.key, offer.prior).rates(k_max), d, costs, k_max),
                               catch_up)
-        k = best_rate(rates)
-        if rates[k] < DRAFT_MIN_GAIN * rates[0]:
-            k = 0
+        k = best_rate(rates, DRAFT_MIN_GAIN)
         return k, rates[k], lambda room: explore_length(d, costs, k_max, room, catch_up, read)
 
     def catch_up_per_token(self, unread: int, room: int = 0) -> float:
