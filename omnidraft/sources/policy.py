@@ -7,13 +7,13 @@ One object (:class:`CostPolicy`) does the whole job, for every draft source alik
 - **persist**: the measurements and the learned statistics go to a small JSON file under the home
   (``models/costs/``), so a later process starts from them;
 - **decide**: a source may draft k tokens only when some k > 0 is expected to beat a plain step
-  by a margin, E(k)/T(k) >= DRAFT_MIN_GAIN / V(0) (``costs.best_draft_length``), with a_i the source's own per-position
-  acceptance (counted per source key: the drafter, and each lookup source and match length, since
-  a long match continues as before far more often than a short one). A source that drafts token by
-  token (the model drafter) is then stopped by :class:`CostAwareStop` as soon as one more token is
-  no longer expected to pay, with that token's own estimate: the drafter's confidence q calibrated
-  into an acceptance probability (counted per bin of q), or the acceptance head's estimate when
-  the adapter has one (OmniDraft §3.3);
+  by a margin, E(k)/T(k) >= DRAFT_MIN_GAIN / V(0) (``costs.best_draft_length``), with a_i the
+  source's own per-position acceptance (counted per source key: the drafter, and each lookup
+  source and match length, since a long match continues as before far more often than a short
+  one). A source that drafts token by token (the model drafter) is then stopped by
+  :class:`CostAwareStop` as soon as one more token is no longer expected to pay, with that token's
+  own estimate: the drafter's confidence q calibrated into an acceptance probability (counted per
+  bin of q), or the acceptance head's estimate when the adapter has one (OmniDraft §3.3);
 - **learn**: every verified step updates V, d and the acceptance counts (``learn``);
 - **explore**: a source the statistics turned off drafts anyway now and then (when drafting could
   pay at all), so the statistics follow a drafter or text that changes; each exploration that
