@@ -304,8 +304,9 @@ def test_a_long_catch_up_behind_a_long_cache_reads_only_its_last_part(native, lo
 def test_a_text_rewritten_before_the_cache_reads_only_what_is_new(native, long_text):
     """A chat that dropped its oldest turns to fit the target's context: the drafter finds its cached
     text again in the rewritten one (past the tokens its last draft added, which the text does not
-    have), drops the cached tokens the text lost and reads only the new message, whether its window
-    began at the text's start or had slid; a text without the cached part is read whole."""
+    have, and before a seam where the text was tokenized otherwise), drops the cached tokens the text
+    lost and reads only the new message, whether its window began at the text's start or had slid; a
+    text without the cached part is read whole."""
     from omnidraft.drafter.drafter import SINK
     from omnidraft.drafter.policy import DraftPolicy, FixedLength, Sampler
     from omnidraft.vocab.translate import FixedConstraint
@@ -319,6 +320,16 @@ def test_a_text_rewritten_before_the_cache_reads_only_what_is_new(native, long_t
     rewritten = long_text[:20] + long_text[300:640]  # tokens 20-299 gone (the oldest turns), 40 new ones
     after = drafter.draft(rewritten, 1, policy)
     assert after.read_tokens <= 40 and list(after.context) == rewritten  # the start both share is kept too
+    assert lm.cached_ids[: len(rewritten)] == rewritten
+    # a seam: the same text tokenized otherwise where the conversation was rendered again (one cached
+    # token is two others now); the cache is found before the seam, and the read starts at the seam
+    lm.reset()
+    drafter = Drafter(lm)
+    drafter.draft(long_text[:600], 4, policy)
+    seam = [t for t in (100, 101, 102) if t != long_text[560]][:2]
+    rewritten = long_text[:20] + long_text[300:560] + seam + long_text[561:640]
+    after = drafter.draft(rewritten, 1, policy)
+    assert after.read_tokens == 2 + (640 - 561) and list(after.context) == rewritten
     assert lm.cached_ids[: len(rewritten)] == rewritten
     # a window that had slid (the sinks and a recent part cached): it starts where the cached part now is
     lm.reset()

@@ -24,6 +24,9 @@ A text rewritten before the cached part (a chat that dropped its oldest turns to
 context) is found again: where the cache's last tokens occur in the new text, the window moves to
 the start of what the cache still matches there, and a backend that can drop positions drops the
 cached ones the new text no longer has. Only the new message is read, not the whole window again.
+Where the cached text and the new one differ at a seam (the same characters tokenized otherwise
+when the conversation was rendered again), the search goes on before the seam, and the read starts
+at the seam.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ CATCH_UP_CAP = 256  # the most one catch-up reads behind a cache that holds at l
 RELOCATE_MIN = 64  # cached tokens past the sinks that a rewritten text must still hold for the cache to be kept
 RELOCATE_PROBE = 16  # cached tokens searched for in a rewritten text
 RELOCATE_BACK = 32  # ... ending up to this far before the cache's end (drafted tokens the target rejected)
+RELOCATE_SEAMS = 4  # seams (text tokenized otherwise than in the cache) the search steps back past
 
 
 class Drafter:
@@ -128,24 +132,26 @@ class Drafter:
         """Where the text before the cached part was rewritten (module doc): find RELOCATE_PROBE cached
         tokens from the cache's end in ``context`` (their last occurrence; the probe steps back past
         drafted tokens the target rejected, which the new text does not have) and extend the match
-        backwards. If at least RELOCATE_MIN cached tokens match, drop the cached ones before the match
+        backwards; a match cut short by a seam is searched for again before the seam (up to
+        RELOCATE_SEAMS times). If at least RELOCATE_MIN cached tokens match, drop the cached ones before the match
         that the new text no longer has: all of them past the sinks, or, where the match begins right
         after the text both still start with (a chat's system prompt), those between the two. Returns
         how many cached tokens of the text the window then starts with (0: none)."""
         cached = self.lm.cached_ids
-        n = len(cached)
-        if n - SINK < RELOCATE_MIN or list(context[:SINK]) != cached[:SINK]:
+        if len(cached) - SINK < RELOCATE_MIN or list(context[:SINK]) != cached[:SINK]:
             return 0
-        for back in range(0, RELOCATE_BACK + 1, RELOCATE_PROBE):
-            last = n - back  # the probe's cached tokens end here
-            end = _last_occurrence(context, cached[last - RELOCATE_PROBE:last], SINK)
-            if end >= 0:
+        last = len(cached)  # the search ends here: the cache's end, then the cached token at a seam
+        for _ in range(RELOCATE_SEAMS + 1):
+            found = _find_probe(cached, context, last)
+            if found is None:
+                return 0
+            last, end = found  # cached[last - PROBE:last] == context[end - PROBE:end]
+            matched = RELOCATE_PROBE
+            while matched < last - SINK and end - matched > SINK and cached[last - matched - 1] == context[end - matched - 1]:
+                matched += 1
+            if matched >= RELOCATE_MIN:
                 break
-        else:
-            return 0
-        matched = RELOCATE_PROBE
-        while matched < last - SINK and end - matched > SINK and cached[last - matched - 1] == context[end - matched - 1]:
-            matched += 1
+            last -= matched + 1  # a seam (or text the new one lacks): go on before it
         begin, head = end - matched, common_prefix_len(cached, context)
         keep = head if begin == head else SINK  # cached positions kept before the match
         gone = last - matched - keep
@@ -209,6 +215,20 @@ class Drafter:
 def _from(context: Sequence[int], start: int) -> Sequence[int]:
     """The window whose part after the sinks begins at ``start`` (SINK: all of the context)."""
     return context if start == SINK else list(context[:SINK]) + list(context[start:])
+
+
+def _find_probe(cached: Sequence[int], context: Sequence[int], last: int) -> tuple[int, int] | None:
+    """The RELOCATE_PROBE cached tokens ending at ``last``, or (stepping back past tokens the new text
+    lacks: rejected drafted ones, a seam) ending up to RELOCATE_BACK before it, that occur in
+    ``context`` past the sinks: (where they end in the cache, where in the context), or None."""
+    for back in range(0, RELOCATE_BACK + 1, RELOCATE_PROBE):
+        end_cached = last - back
+        if end_cached - RELOCATE_PROBE < SINK:
+            return None
+        end = _last_occurrence(context, cached[end_cached - RELOCATE_PROBE:end_cached], SINK)
+        if end >= 0:
+            return end_cached, end
+    return None
 
 
 def _last_occurrence(seq: Sequence[int], probe: Sequence[int], lo: int = 0) -> int:
