@@ -133,8 +133,8 @@ class Drafter:
         tokens from the cache's end in ``context`` (their last occurrence; the probe steps back past
         drafted tokens the target rejected, which the new text does not have) and extend the match
         backwards; a match cut short by a seam is searched for again before the seam (up to
-        RELOCATE_SEAMS times). If at least RELOCATE_MIN cached tokens match, drop the cached ones before the match
-        that the new text no longer has: all of them past the sinks, or, where the match begins right
+        RELOCATE_SEAMS times). If at least RELOCATE_MIN cached tokens match, drop the cached ones
+        before the match that the new text no longer has: all of them past the sinks, or, where the match begins right
         after the text both still start with (a chat's system prompt), those between the two. Returns
         how many cached tokens of the text the window then starts with (0: none)."""
         cached = self.lm.cached_ids
@@ -152,10 +152,12 @@ class Drafter:
             if matched >= RELOCATE_MIN:
                 break
             last -= matched + 1  # a seam (or text the new one lacks): go on before it
+        else:
+            return 0
         begin, head = end - matched, common_prefix_len(cached, context)
         keep = head if begin == head else SINK  # cached positions kept before the match
         gone = last - matched - keep
-        if matched < RELOCATE_MIN or (gone and not hasattr(self.lm, "drop")):
+        if gone and not hasattr(self.lm, "drop"):
             return 0
         if gone:
             self.lm.drop(keep, gone)
