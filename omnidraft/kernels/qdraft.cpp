@@ -10,8 +10,11 @@
 // Mechanism of a Linear product (weights W [out, in] in blocks, activations x [rows, in]):
 //   y[r][o] = sum_b d_ob * s_rb * sum_j q_obj * xq_rbj  +  m_ob * sum_j x_rbj
 // with (d, m, q) the block's scale, minimum and 4- or 8-bit integers (Q8_0 has no minimum), xq the
-// activations as int16 with one scale s per block (_mm256_madd_epi16 does 16 products per instruction),
-// and the minimum's term taken on the float activations' block sums.
+// activations as 16-bit integers with one scale s per block, and the minimum's term taken on the float
+// activations' block sums. Q8_0 weights multiply xq as int16 (_mm256_madd_epi16); Q4_1 weights multiply
+// xq's two signed bytes (xq = 255 hi + lo, _mm256_maddubs_epi16: 32 products per instruction). At load,
+// each row is laid out with its block scales first (Model::repack), so a row is read front to back and
+// its scales are taken 8 blocks per instruction; the weights are requested from memory ahead of use.
 //
 // One OpenMP parallel region per forward: the threads share each Linear's output rows (omp for) and
 // meet at barriers between the steps that depend on each other; the cheap row-wise steps (norms,
@@ -25,6 +28,7 @@
 #include <omp.h>
 
 #include <cmath>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -33,6 +37,9 @@ namespace {
 
 constexpr int QK = 32;
 constexpr int Q4_1 = 3, Q8_0 = 8;  // ggml_type values
+constexpr float QMAX = 32512.f;   // activations' 16-bit range: 255 * 127 + 127
+constexpr int64_t MAX_BLOCKS = 512;  // blocks per weight row a product takes (in <= 16384)
+constexpr int64_t PREFETCH_AHEAD = 4096;  // bytes: see prefetch_ahead
 
 inline float hsum(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -47,10 +54,11 @@ inline float half(const uint8_t* p) { return _cvtsh_ss(*reinterpret_cast<const u
 struct QRows {
   int64_t rows = 0, n = 0;
   std::vector<int16_t> q;
+  std::vector<int8_t> split;  // per block 64 bytes: lo[32] then hi[32], q = 255 hi + lo, both in [-127, 127]
   std::vector<float> scale, sum;
   void resize(int64_t r, int64_t len) {
     rows = r; n = len;
-    q.resize(r * len); scale.resize(r * len / QK); sum.resize(r * len / QK);
+    q.resize(r * len); split.resize(2 * r * len); scale.resize(r * len / QK); sum.resize(r * len / QK);
   }
   // block b from v (32 floats): int16 values, scale and float sum; rounds to nearest (even), as nearbyint
   void quantize_block(const float* v, int64_t b) {
@@ -64,14 +72,25 @@ struct QRows {
     __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
     m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
     const float am = _mm_cvtss_f32(_mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1)));
-    const __m256 inv = _mm256_set1_ps(am > 0.f ? 32767.f / am : 0.f);
-    for (int j = 0; j < 4; j += 2) {  // |values| <= 32767: the 16-bit pack never saturates
-      const __m256i a = _mm256_cvtps_epi32(_mm256_mul_ps(r[j], inv));
-      const __m256i c = _mm256_cvtps_epi32(_mm256_mul_ps(r[j + 1], inv));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(&q[b * QK + 8 * j]),
-                          _mm256_permute4x64_epi64(_mm256_packs_epi32(a, c), 0xD8));
+    const __m256 inv = _mm256_set1_ps(am > 0.f ? QMAX / am : 0.f);
+    __m256i hi[4], lo[4];
+    for (int j = 0; j < 4; ++j) {  // |values| <= QMAX = 255 * 127 + 127: hi and lo each fit in [-127, 127]
+      const __m256 f = _mm256_round_ps(_mm256_mul_ps(r[j], inv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      r[j] = f;
+      hi[j] = _mm256_cvtps_epi32(_mm256_mul_ps(f, _mm256_set1_ps(1.f / 255.f)));  // never near a tie: q is whole
+      lo[j] = _mm256_sub_epi32(_mm256_cvtps_epi32(f), _mm256_mullo_epi32(hi[j], _mm256_set1_epi32(255)));
     }
-    scale[b] = am / 32767.f; sum[b] = hsum(total);
+    for (int j = 0; j < 4; j += 2)
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(&q[b * QK + 8 * j]),
+                          _mm256_permute4x64_epi64(_mm256_packs_epi32(_mm256_cvtps_epi32(r[j]), _mm256_cvtps_epi32(r[j + 1])), 0xD8));
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);  // undoes the packs' lane interleave
+    auto pack8 = [&](const __m256i* v) {  // 32 int32 in [-127, 127] -> 32 int8 in element order
+      const __m256i w = _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3]));
+      return _mm256_permutevar8x32_epi32(w, order);
+    };
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(&split[b * 2 * QK]), pack8(lo));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(&split[b * 2 * QK + QK]), pack8(hi));
+    scale[b] = am / QMAX; sum[b] = hsum(total);
   }
   // x [rows, n]; the team shares the blocks (call inside a parallel region: ends at a barrier)
   void set_for(const float* x) {
@@ -80,51 +99,119 @@ struct QRows {
   }
 };
 
-struct QLinear {  // a weight [out, in] in GGUF blocks
+struct QLinear {  // a weight [out, in] in GGUF blocks (the products' weights laid out by Model::repack)
   torch::Tensor bytes;
   int type = 0;
   int64_t out = 0, in = 0, row_bytes = 0;
-  const uint8_t* row(int64_t o) const { return bytes.data_ptr<uint8_t>() + o * row_bytes; }
+  const uint8_t* base = nullptr;  // bytes' data, taken once (data_ptr checks its type at every call)
+  const uint8_t* row(int64_t o) const { return base + o * row_bytes; }
 };
 
 struct Lora { torch::Tensor a, bt; float scale = 0.f; };  // float16 a [rank, in] and bt = B^T [rank, out]
 
-// y[r] (stride ys) for weight row o against M activation rows
+// ds[m][b] = d_b * s_(r0 + m, b): a weight row's block scales (float16 [nb]) times M activation rows' block
+// scales, 8 blocks per instruction
 template <int M>
-inline void dot_rows(const QLinear& w, int64_t o, const QRows& x, int64_t r0, float* y, int64_t ys) {
-  const uint8_t* p = w.row(o);
+inline void block_scales(const uint16_t* dh, int64_t nb, const QRows& x, int64_t r0, float (*ds)[MAX_BLOCKS]) {
+  int64_t b = 0;
+  for (; b + 8 <= nb; b += 8) {
+    const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(dh + b)));
+    for (int m = 0; m < M; ++m) _mm256_store_ps(&ds[m][b], _mm256_mul_ps(dv, _mm256_loadu_ps(&x.scale[(r0 + m) * nb + b])));
+  }
+  for (; b < nb; ++b)
+    for (int m = 0; m < M; ++m) ds[m][b] = _cvtsh_ss(dh[b]) * x.scale[(r0 + m) * nb + b];
+}
+
+// The weights stream from memory once per token, a few hundred bytes per row: without a request this far
+// ahead, each row's first loads waited on memory (the hardware prefetcher alone kept ~5 GB/s per core)
+inline void prefetch_ahead(const uint8_t* p) { _mm_prefetch(reinterpret_cast<const char*>(p + PREFETCH_AHEAD), _MM_HINT_T0); }
+
+// y[m * ys] for weight row o against activation rows r0..r0+M-1, Q8_0 (`Model::repack`: a row's block scales,
+// then its 32-byte blocks). Every row's arithmetic is the same whatever M is (reads in one call give the bits
+// of token-by-token reads); two accumulators per row, as a one-row step would otherwise wait on each FMA.
+template <int M>
+inline void dot_rows_q8(const QLinear& w, int64_t o, const QRows& x, int64_t r0, float* y, int64_t ys) {
   const int64_t nb = w.in / QK;
-  __m256 acc[M];
-  float macc[M];
-  for (int m = 0; m < M; ++m) { acc[m] = _mm256_setzero_ps(); macc[m] = 0.f; }
-  const __m128i low4 = _mm_set1_epi8(0x0F);
-  for (int64_t b = 0; b < nb; ++b) {
-    __m256i wl, wh;
-    float d, mn = 0.f;
-    if (w.type == Q4_1) {
-      const uint8_t* blk = p + b * 20;
-      d = half(blk); mn = half(blk + 2);
-      const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 4));
-      wl = _mm256_cvtepu8_epi16(_mm_and_si128(q, low4));                       // elements 0..15
-      wh = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(q, 4), low4));   // elements 16..31
-    } else {
-      const uint8_t* blk = p + b * 34;
-      d = half(blk);
-      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
-      wl = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(q));
-      wh = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(q, 1));
-    }
+  const uint16_t* dh = reinterpret_cast<const uint16_t*>(w.row(o));
+  const int8_t* qs = reinterpret_cast<const int8_t*>(dh + nb);
+  alignas(32) float ds[M][MAX_BLOCKS];
+  block_scales<M>(dh, nb, x, r0, ds);
+  auto block = [&](int64_t b, __m256* acc) {
+    const __m256i wl = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs + b * QK)));
+    const __m256i wh = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs + b * QK + 16)));
     for (int m = 0; m < M; ++m) {
-      const int64_t xb = (r0 + m) * nb + b;
-      const int16_t* xq = x.q.data() + xb * QK;
+      const int16_t* xq = x.q.data() + ((r0 + m) * nb + b) * QK;
       const __m256i prod = _mm256_add_epi32(
           _mm256_madd_epi16(wl, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq))),
           _mm256_madd_epi16(wh, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 16))));
-      acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(prod), _mm256_set1_ps(d * x.scale[xb]), acc[m]);
-      macc[m] += mn * x.sum[xb];
+      acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(prod), _mm256_set1_ps(ds[m][b]), acc[m]);
     }
+  };
+  __m256 even[M], odd[M];
+  for (int m = 0; m < M; ++m) even[m] = odd[m] = _mm256_setzero_ps();
+  int64_t b = 0;
+  for (; b + 2 <= nb; b += 2) {
+    prefetch_ahead(reinterpret_cast<const uint8_t*>(qs + b * QK));
+    prefetch_ahead(reinterpret_cast<const uint8_t*>(qs + b * QK + 32));
+    block(b, even); block(b + 1, odd);
   }
-  for (int m = 0; m < M; ++m) y[m * ys] = hsum(acc[m]) + macc[m];
+  if (b < nb) block(b, even);
+  for (int m = 0; m < M; ++m) y[m * ys] = hsum(_mm256_add_ps(even[m], odd[m]));
+}
+
+// The same for Q4_1 (`Model::repack`: a row's block scales, minimums, then the blocks' 16 bytes of nibbles).
+// Each block's 16 bytes are broadcast to both halves of a register and the upper half shifted by 4, so one
+// AND leaves elements 0..31 as bytes in order (no cross-lane unpacking); against the activations' two
+// signed bytes (q = 255 hi + lo), _mm256_maddubs_epi16 then multiplies 32 pairs per instruction without
+// saturating (2 * 15 * 127 < 2^15). The minimums' term sum_b m_b * sum(x_b) is taken 8 blocks per instruction.
+template <int M>
+inline void dot_rows_q41(const QLinear& w, int64_t o, const QRows& x, int64_t r0, float* y, int64_t ys) {
+  const int64_t nb = w.in / QK;
+  const uint16_t* dh = reinterpret_cast<const uint16_t*>(w.row(o));
+  const uint16_t* mh = dh + nb;
+  const uint8_t* nib = reinterpret_cast<const uint8_t*>(mh + nb);
+  alignas(32) float ds[M][MAX_BLOCKS];
+  block_scales<M>(dh, nb, x, r0, ds);
+  float mins[M];
+  int64_t b = 0;
+  {
+    __m256 macc[M];
+    for (int m = 0; m < M; ++m) macc[m] = _mm256_setzero_ps();
+    for (; b + 8 <= nb; b += 8) {
+      const __m256 mv = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(mh + b)));
+      for (int m = 0; m < M; ++m) macc[m] = _mm256_fmadd_ps(mv, _mm256_loadu_ps(&x.sum[(r0 + m) * nb + b]), macc[m]);
+    }
+    for (int m = 0; m < M; ++m) mins[m] = hsum(macc[m]);
+  }
+  for (; b < nb; ++b)
+    for (int m = 0; m < M; ++m) mins[m] += _cvtsh_ss(mh[b]) * x.sum[(r0 + m) * nb + b];
+  const __m256i shift = _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4), low4 = _mm256_set1_epi8(0x0F);
+  const __m256i one = _mm256_set1_epi16(1), base = _mm256_set1_epi16(255);
+  auto block = [&](int64_t b, __m256* acc) {
+    const __m256i wv = _mm256_and_si256(
+        _mm256_srlv_epi32(_mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(nib + b * 16))), shift),
+        low4);
+    for (int m = 0; m < M; ++m) {
+      const int8_t* xs = x.split.data() + ((r0 + m) * nb + b) * 2 * QK;
+      const __m256i lo = _mm256_madd_epi16(_mm256_maddubs_epi16(wv, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xs))), one);
+      const __m256i hi = _mm256_madd_epi16(_mm256_maddubs_epi16(wv, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xs + QK))), base);
+      acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(lo, hi)), _mm256_set1_ps(ds[m][b]), acc[m]);
+    }
+  };
+  __m256 even[M], odd[M];
+  for (int m = 0; m < M; ++m) even[m] = odd[m] = _mm256_setzero_ps();
+  for (b = 0; b + 2 <= nb; b += 2) {
+    prefetch_ahead(nib + b * 16);
+    block(b, even); block(b + 1, odd);
+  }
+  if (b < nb) block(b, even);
+  for (int m = 0; m < M; ++m) y[m * ys] = hsum(_mm256_add_ps(even[m], odd[m])) + mins[m];
+}
+
+template <int M>
+inline void dot_rows(const QLinear& w, int64_t o, const QRows& x, int64_t r0, float* y, int64_t ys) {
+  if (w.type == Q4_1) dot_rows_q41<M>(w, o, x, r0, y, ys);
+  else dot_rows_q8<M>(w, o, x, r0, y, ys);
 }
 
 // y [rows, out] = x W^T for output rows shared among the team (call inside a parallel region)
@@ -305,14 +392,36 @@ struct Model {
       inv_freq.push_back(1.f / std::pow(rope_base, static_cast<float>(2 * i) / static_cast<float>(head_dim)));
   }
 
-  static QLinear linear(torch::Tensor bytes, int64_t type, int64_t out, int64_t in) {
+  // Rows laid out for the products (dot_rows_q41, dot_rows_q8): each row's block scales (float16) first, for
+  // Q4_1 then its minimums, then the blocks' quantized values; the same bytes per row as the GGUF's blocks
+  static torch::Tensor repack(const torch::Tensor& bytes, int type, int64_t out, int64_t in) {
+    const int64_t nb = in / QK, block = type == Q4_1 ? 20 : 34, head = type == Q4_1 ? 4 : 2, row_bytes = nb * block;
+    torch::Tensor r = torch::empty_like(bytes);
+    const uint8_t* src = bytes.data_ptr<uint8_t>();
+    uint8_t* dst = r.data_ptr<uint8_t>();
+    for (int64_t o = 0; o < out; ++o) {
+      const uint8_t* s = src + o * row_bytes;
+      uint8_t* d = dst + o * row_bytes;
+      for (int64_t b = 0; b < nb; ++b) {
+        std::memcpy(d + b * 2, s + b * block, 2);                                     // scale
+        if (type == Q4_1) std::memcpy(d + nb * 2 + b * 2, s + b * block + 2, 2);      // minimum
+        std::memcpy(d + nb * head + b * (block - head), s + b * block + head, block - head);  // values
+      }
+    }
+    return r;
+  }
+
+  static QLinear linear(torch::Tensor bytes, int64_t type, int64_t out, int64_t in, bool for_products = true) {
     TORCH_CHECK(type == Q4_1 || type == Q8_0, "weights must be Q4_1 or Q8_0, not ggml type ", type);
     TORCH_CHECK(in % QK == 0, "a row must be whole blocks of 32");
     const int64_t row_bytes = in / QK * (type == Q4_1 ? 20 : 34);
     TORCH_CHECK(bytes.dtype() == torch::kUInt8 && bytes.is_contiguous() && bytes.numel() == out * row_bytes,
                 "weight bytes do not match their shape");
+    if (for_products) TORCH_CHECK(in / QK <= MAX_BLOCKS, "rows longer than ", MAX_BLOCKS * QK, " are not supported");
     QLinear q;
-    q.bytes = bytes; q.type = static_cast<int>(type); q.out = out; q.in = in; q.row_bytes = row_bytes;
+    q.bytes = for_products ? repack(bytes, static_cast<int>(type), out, in) : bytes;
+    q.base = q.bytes.data_ptr<uint8_t>();
+    q.type = static_cast<int>(type); q.out = out; q.in = in; q.row_bytes = row_bytes;
     return q;
   }
 
@@ -332,7 +441,7 @@ struct Model {
   void set_output(torch::Tensor embed_bytes, int64_t embed_type, torch::Tensor head_bytes, int64_t head_type,
                   int64_t vocab_, torch::Tensor norm) {
     vocab = vocab_;
-    embed = linear(embed_bytes, embed_type, vocab, n_embd);
+    embed = linear(embed_bytes, embed_type, vocab, n_embd, false);  // rows read whole: the GGUF's layout
     head = linear(head_bytes, head_type, vocab, n_embd);
     out_norm = norm.contiguous().to(torch::kFloat32);
   }
