@@ -234,6 +234,10 @@ void linear_for(const QLinear& w, const QRows& x, float* y) {
 inline __m256 load_half8(const at::Half* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
+inline __m256 load_half8(const uint16_t* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+inline uint16_t to_half(float x) { return _cvtss_sh(x, _MM_FROUND_TO_NEAREST_INT); }
 
 // t [rows, rank] = scale * x A^T (float activations, A in float16): the LoRA scale applied once per rank row.
 // Four accumulators per dot product (a single FMA chain would wait on its own latency at every step); `in` is
@@ -325,18 +329,20 @@ void silu_mul_set_for(float* g, const float* u, QRows& qg) {
   }
 }
 
-// one query row against positions 0..n-1 of one KV head: keys in tiles of 8 positions (tile t at
-// kt + t * tstride, dimension i's 8 positions at + i * 8), values row-major (vals[j * vstride + i]); sc is
-// scratch for n (rounded up to 8) weights
-void attend(const float* q, const float* kt, int64_t tstride, const float* vals, int64_t vstride, int64_t D, int64_t n,
-            float scale, float* sc, float* out) {
+// one query row against positions 0..n-1 of one KV head, the cache in float16 (half the bytes a token reads
+// from it; llama.cpp's default too): keys in tiles of 8 positions (tile t at kt + t * tstride, dimension i's 8
+// positions at + i * 8), values row-major (vals[j * vstride + i]); sc is scratch for n (rounded up to 8) weights
+void attend(const float* q, const uint16_t* kt, int64_t tstride, const uint16_t* vals, int64_t vstride, int64_t D,
+            int64_t n, float scale, float* sc, float* out) {
   const int64_t n8 = (n + 7) / 8 * 8;
   for (int64_t j = 0; j < n8; j += 8) {  // 8 positions' scores at once from one contiguous tile: no horizontal sums
-    const float* tile = kt + (j / 8) * tstride;
+    const uint16_t* tile = kt + (j / 8) * tstride;
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
     for (int64_t i = 0; i < D; i += 2) {
-      acc0 = _mm256_fmadd_ps(_mm256_set1_ps(q[i]), _mm256_loadu_ps(tile + i * 8), acc0);
-      acc1 = _mm256_fmadd_ps(_mm256_set1_ps(q[i + 1]), _mm256_loadu_ps(tile + (i + 1) * 8), acc1);
+      if (i % 4 == 0)  // 4 dimensions = one cache line: the next tile's line is requested as this one is read
+        _mm_prefetch(reinterpret_cast<const char*>(tile + tstride + i * 8), _MM_HINT_T0);
+      acc0 = _mm256_fmadd_ps(_mm256_set1_ps(q[i]), load_half8(tile + i * 8), acc0);
+      acc1 = _mm256_fmadd_ps(_mm256_set1_ps(q[i + 1]), load_half8(tile + (i + 1) * 8), acc1);
     }
     _mm256_storeu_ps(sc + j, _mm256_mul_ps(_mm256_add_ps(acc0, acc1), _mm256_set1_ps(scale)));
   }
@@ -357,9 +363,11 @@ void attend(const float* q, const float* kt, int64_t tstride, const float* vals,
     for (int c = 0; c < 8; ++c) acc[c] = _mm256_setzero_ps();
     for (int64_t j = 0; j < n; ++j) {
       const __m256 w = _mm256_set1_ps(sc[j] * inv);
-      const float* row = vals + j * vstride + i0;
+      const uint16_t* row = vals + j * vstride + i0;
+      for (int c = 0; c < chunks; c += 4)  // the row a few positions on, a cache line (32 values) at a time
+        _mm_prefetch(reinterpret_cast<const char*>(row + 4 * vstride + 8 * c), _MM_HINT_T0);
       _Pragma("GCC unroll 8") for (int c = 0; c < 8; ++c)
-        if (c < chunks) acc[c] = _mm256_fmadd_ps(w, _mm256_loadu_ps(row + 8 * c), acc[c]);
+        if (c < chunks) acc[c] = _mm256_fmadd_ps(w, load_half8(row + 8 * c), acc[c]);
     }
     for (int c = 0; c < chunks; ++c) _mm256_storeu_ps(out + i0 + 8 * c, acc[c]);
   }
@@ -452,9 +460,9 @@ struct Model {
 struct Cache {
   std::shared_ptr<Model> model;
   std::vector<std::vector<Lora>> lora;  // [layer][slot], undefined tensors where none
-  std::vector<std::vector<float>> k;     // [layer][position / 8][kv head][dim][position % 8]: 8 positions' keys
+  std::vector<std::vector<uint16_t>> k;  // float16 [layer][position / 8][kv head][dim][position % 8]: 8 positions' keys
                                          // transposed in one contiguous 2 KB tile (scores of 8 positions per pass)
-  std::vector<std::vector<float>> v;     // [layer][position * kv_dim]
+  std::vector<std::vector<uint16_t>> v;  // float16 [layer][position * kv_dim]
   torch::Tensor hidden;                  // [n_embd] the final normed state of the last row
   int64_t capacity = 0;
 
@@ -500,15 +508,15 @@ struct Cache {
       c[i] = std::cos(a); s[i] = std::sin(a);
     }
     for (size_t li = 0; li < k.size(); ++li) {
-      float* key = k[li].data();
+      uint16_t* key = k[li].data();
       for (int64_t p = from + n; p < length; ++p) {
         const int64_t to = p - n;
         for (int64_t h = 0; h < M.n_kv; ++h)
           for (int64_t i = 0; i < D / 2; ++i) {
             const int64_t e0 = h * D + 2 * i, e1 = e0 + 1;
-            const float x0 = key[((p / 8) * KV + e0) * 8 + p % 8], x1 = key[((p / 8) * KV + e1) * 8 + p % 8];
-            key[((to / 8) * KV + e0) * 8 + to % 8] = x0 * c[i] - x1 * s[i];
-            key[((to / 8) * KV + e1) * 8 + to % 8] = x0 * s[i] + x1 * c[i];
+            const float x0 = _cvtsh_ss(key[((p / 8) * KV + e0) * 8 + p % 8]), x1 = _cvtsh_ss(key[((p / 8) * KV + e1) * 8 + p % 8]);
+            key[((to / 8) * KV + e0) * 8 + to % 8] = to_half(x0 * c[i] - x1 * s[i]);
+            key[((to / 8) * KV + e1) * 8 + to % 8] = to_half(x0 * s[i] + x1 * c[i]);
           }
       }
       std::copy(v[li].begin() + (from + n) * KV, v[li].begin() + length * KV, v[li].begin() + from * KV);
@@ -604,8 +612,10 @@ struct Cache {
               }
             }
             const int64_t p8 = pos + r;
-            for (int64_t i = 0; i < KV; ++i) k[li][((p8 / 8) * KV + i) * 8 + p8 % 8] = kv_k[r * KV + i];
-            std::copy(&kv_v[r * KV], &kv_v[(r + 1) * KV], &v[li][(pos + r) * KV]);
+            for (int64_t i = 0; i < KV; ++i) {
+              k[li][((p8 / 8) * KV + i) * 8 + p8 % 8] = to_half(kv_k[r * KV + i]);
+              v[li][(pos + r) * KV + i] = to_half(kv_v[r * KV + i]);
+            }
           }
         }
         const float scale = 1.f / std::sqrt(static_cast<float>(D));
