@@ -40,6 +40,7 @@ constexpr int Q4_1 = 3, Q8_0 = 8;  // ggml_type values
 constexpr float QMAX = 32512.f;   // activations' 16-bit range: 255 * 127 + 127
 constexpr int64_t MAX_BLOCKS = 512;  // blocks per weight row a product takes (in <= 16384)
 constexpr int64_t PREFETCH_AHEAD = 4096;  // bytes: see prefetch_ahead
+constexpr int64_t OUT_TILE = 16;  // weight rows per tile of a product: see linear_for
 
 inline float hsum(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -214,14 +215,19 @@ inline void dot_rows(const QLinear& w, int64_t o, const QRows& x, int64_t r0, fl
   else dot_rows_q8<M>(w, o, x, r0, y, ys);
 }
 
-// y [rows, out] = x W^T for output rows shared among the team (call inside a parallel region)
+// y [rows, out] = x W^T, tiles of weight rows shared among the team (call inside a parallel region). Within a
+// tile, each group of 4 activation rows meets every weight row of the tile: the tile's weights and the group's
+// activations both stay in L1 (weight row by weight row, a long read streamed all its activations from L2
+// once per weight row).
 void linear_for(const QLinear& w, const QRows& x, float* y) {
-  const int64_t rows = x.rows;
+  const int64_t rows = x.rows, tiles = (w.out + OUT_TILE - 1) / OUT_TILE;
 #pragma omp for schedule(static) nowait
-  for (int64_t o = 0; o < w.out; ++o) {
+  for (int64_t t = 0; t < tiles; ++t) {
+    const int64_t o0 = t * OUT_TILE, o1 = std::min(o0 + OUT_TILE, w.out);
     int64_t r = 0;  // one pass over the weight row per 4 activation rows, and one for the rest
-    for (; r + 4 <= rows; r += 4) dot_rows<4>(w, o, x, r, y + r * w.out + o, w.out);
-    switch (rows - r) {
+    for (; r + 4 <= rows; r += 4)
+      for (int64_t o = o0; o < o1; ++o) dot_rows<4>(w, o, x, r, y + r * w.out + o, w.out);
+    for (int64_t o = o0; o < o1; ++o) switch (rows - r) {
       case 3: dot_rows<3>(w, o, x, r, y + r * w.out + o, w.out); break;
       case 2: dot_rows<2>(w, o, x, r, y + r * w.out + o, w.out); break;
       case 1: dot_rows<1>(w, o, x, r, y + r * w.out + o, w.out); break;
