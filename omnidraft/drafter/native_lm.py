@@ -6,9 +6,9 @@ to 8 bits, which moves the drafter's top token on a few percent of positions. ``
 runs the whole forward in one call on the GGUF's Q4_1/Q8_0 blocks as they are (nothing dequantized)
 with 16-bit activations, so it follows the float32 drafter (the same dequantized weights) closely.
 
-:class:`NativeDraftLM` is a :class:`~omnidraft.drafter.base.DraftLM`: a KV cache per instance
+:class:`NativeDraftLM` is a :class:`~omnidraft.drafter.base.DraftLM`: a float16 KV cache per instance
 (``fork`` shares the weights), rollback by truncating the cached ids, and LoRA adapters in peft names
-applied as float32 branches in the GGUF's row order (q/k rows permuted as llama.cpp's converter
+applied as float16 branches in the GGUF's row order (q/k rows permuted as llama.cpp's converter
 permutes the base weights, :func:`~omnidraft.adapter.gguf_lora.gguf_tensors`).
 
 Llama-architecture GGUFs whose Linear weights are all Q4_1 or Q8_0 are supported (the builtin
