@@ -237,10 +237,9 @@ void linear_for(const QLinear& w, const QRows& x, float* y) {
 }
 
 // 8 float16 values as float32
-inline __m256 load_half8(const at::Half* p) {
-  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-}
-inline __m256 load_half8(const uint16_t* p) {
+template <typename Half>  // at::Half (LoRA factors) or uint16_t (the KV cache): the same 2-byte float16
+inline __m256 load_half8(const Half* p) {
+  static_assert(sizeof(Half) == 2, "float16 values");
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
 inline uint16_t to_half(float x) { return _cvtss_sh(x, _MM_FROUND_TO_NEAREST_INT); }
@@ -335,48 +334,97 @@ void silu_mul_set_for(float* g, const float* u, QRows& qg) {
   }
 }
 
-// one query row against positions 0..n-1 of one KV head, the cache in float16 (half the bytes a token reads
-// from it; llama.cpp's default too): keys in tiles of 8 positions (tile t at kt + t * tstride, dimension i's 8
-// positions at + i * 8), values row-major (vals[j * vstride + i]); sc is scratch for n (rounded up to 8) weights
-void attend(const float* q, const uint16_t* kt, int64_t tstride, const uint16_t* vals, int64_t vstride, int64_t D,
-            int64_t n, float scale, float* sc, float* out) {
-  const int64_t n8 = (n + 7) / 8 * 8;
+// Attention, flash-decoding style: a row's positions are cut into fixed chunks of ATT_CHUNK, each chunk of
+// one KV head a work item for all the query heads that share it (GQA), and the chunks' partial softmaxes
+// are merged in chunk order. So the keys and values are read once per KV head rather than once per query
+// head, two threads share even a one-row step, and, the chunks being fixed in absolute positions, a row's
+// result does not depend on how many rows a call holds or how many threads it has.
+constexpr int64_t ATT_CHUNK = 64;
+
+// One chunk [j0, j1) of one KV head for the G query heads q + g * qstride, one query row. The cache is
+// float16 (half the bytes a token reads from it; llama.cpp's default too): keys in tiles of 8 positions (tile
+// t at kt + t * tstride, dimension i's 8 positions at + i * 8), values row-major (vals[j * vstride + i]).
+// Writes part + g * pstride = {m, l, acc[D]}: the chunk's largest score, sum_j e^(s_j - m), and
+// sum_j e^(s_j - m) v_j.
+template <int G>
+void attend_chunk(const float* q, int64_t qstride, const uint16_t* kt, int64_t tstride, const uint16_t* vals,
+                  int64_t vstride, int64_t D, int64_t j0, int64_t j1, float scale, float* part, int64_t pstride) {
+  alignas(32) float sc[G][ATT_CHUNK];
+  const int64_t n = j1 - j0, n8 = (n + 7) / 8 * 8;
   for (int64_t j = 0; j < n8; j += 8) {  // 8 positions' scores at once from one contiguous tile: no horizontal sums
-    const uint16_t* tile = kt + (j / 8) * tstride;
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    const uint16_t* tile = kt + ((j0 + j) / 8) * tstride;
+    __m256 a0[G], a1[G];
+    for (int g = 0; g < G; ++g) a0[g] = a1[g] = _mm256_setzero_ps();
     for (int64_t i = 0; i < D; i += 2) {
       if (i % 4 == 0)  // 4 dimensions = one cache line: the next tile's line is requested as this one is read
         _mm_prefetch(reinterpret_cast<const char*>(tile + tstride + i * 8), _MM_HINT_T0);
-      acc0 = _mm256_fmadd_ps(_mm256_set1_ps(q[i]), load_half8(tile + i * 8), acc0);
-      acc1 = _mm256_fmadd_ps(_mm256_set1_ps(q[i + 1]), load_half8(tile + (i + 1) * 8), acc1);
+      const __m256 k0 = load_half8(tile + i * 8), k1 = load_half8(tile + (i + 1) * 8);
+      for (int g = 0; g < G; ++g) {
+        a0[g] = _mm256_fmadd_ps(_mm256_set1_ps(q[g * qstride + i]), k0, a0[g]);
+        a1[g] = _mm256_fmadd_ps(_mm256_set1_ps(q[g * qstride + i + 1]), k1, a1[g]);
+      }
     }
-    _mm256_storeu_ps(sc + j, _mm256_mul_ps(_mm256_add_ps(acc0, acc1), _mm256_set1_ps(scale)));
+    for (int g = 0; g < G; ++g) _mm256_store_ps(&sc[g][j], _mm256_mul_ps(_mm256_add_ps(a0[g], a1[g]), _mm256_set1_ps(scale)));
   }
-  float mx = -INFINITY;
-  for (int64_t j = 0; j < n; ++j) mx = std::max(mx, sc[j]);
-  for (int64_t j = n; j < n8; ++j) sc[j] = -INFINITY;  // positions past n weigh nothing
-  __m256 total = _mm256_setzero_ps();
-  for (int64_t j = 0; j < n8; j += 8) {
-    const __m256 e = exp_neg(_mm256_sub_ps(_mm256_loadu_ps(sc + j), _mm256_set1_ps(mx)));
-    _mm256_storeu_ps(sc + j, e);
-    total = _mm256_add_ps(total, e);
+  for (int g = 0; g < G; ++g) {
+    float mx = -INFINITY;
+    for (int64_t j = 0; j < n; ++j) mx = std::max(mx, sc[g][j]);
+    for (int64_t j = 0; j < n8; j += 8)
+      _mm256_store_ps(&sc[g][j], exp_neg(_mm256_sub_ps(_mm256_load_ps(&sc[g][j]), _mm256_set1_ps(mx))));
+    for (int64_t j = n; j < n8; ++j) sc[g][j] = 0.f;  // positions past the chunk's end weigh nothing
+    __m256 total = _mm256_setzero_ps();
+    for (int64_t j = 0; j < n8; j += 8) total = _mm256_add_ps(total, _mm256_load_ps(&sc[g][j]));
+    part[g * pstride] = mx; part[g * pstride + 1] = hsum(total);
   }
-  for (int64_t j = n; j < n8; ++j) sc[j] = 0.f;
-  const float inv = 1.f / hsum(total);
-  for (int64_t i0 = 0; i0 < D; i0 += 64) {  // the weighted sum of values, 64 dimensions kept in registers
-    const int chunks = static_cast<int>(std::min<int64_t>(64, D - i0) / 8);
-    __m256 acc[8];
-    for (int c = 0; c < 8; ++c) acc[c] = _mm256_setzero_ps();
+  for (int64_t i0 = 0; i0 < D; i0 += 16) {  // the weighted values, 16 dimensions of every head in registers
+    const int wide = D - i0 >= 16 ? 2 : 1;
+    __m256 acc[G][2];
+    for (int g = 0; g < G; ++g) acc[g][0] = acc[g][1] = _mm256_setzero_ps();
     for (int64_t j = 0; j < n; ++j) {
-      const __m256 w = _mm256_set1_ps(sc[j] * inv);
-      const uint16_t* row = vals + j * vstride + i0;
-      for (int c = 0; c < chunks; c += 4)  // the row a few positions on, a cache line (32 values) at a time
-        _mm_prefetch(reinterpret_cast<const char*>(row + 4 * vstride + 8 * c), _MM_HINT_T0);
-      _Pragma("GCC unroll 8") for (int c = 0; c < 8; ++c)
-        if (c < chunks) acc[c] = _mm256_fmadd_ps(w, load_half8(row + 8 * c), acc[c]);
+      const uint16_t* row = vals + (j0 + j) * vstride + i0;
+      if (i0 == 0) _mm_prefetch(reinterpret_cast<const char*>(row + 4 * vstride), _MM_HINT_T0);
+      const __m256 v0 = load_half8(row), v1 = wide == 2 ? load_half8(row + 8) : _mm256_setzero_ps();
+      for (int g = 0; g < G; ++g) {
+        const __m256 w = _mm256_set1_ps(sc[g][j]);
+        acc[g][0] = _mm256_fmadd_ps(w, v0, acc[g][0]);
+        acc[g][1] = _mm256_fmadd_ps(w, v1, acc[g][1]);
+      }
     }
-    for (int c = 0; c < chunks; ++c) _mm256_storeu_ps(out + i0 + 8 * c, acc[c]);
+    for (int g = 0; g < G; ++g)
+      for (int c = 0; c < wide; ++c) _mm256_storeu_ps(part + g * pstride + 2 + i0 + 8 * c, acc[g][c]);
   }
+}
+
+// The G heads of a KV head against one chunk, G taken as a compile-time constant where it is a common group
+void attend_group(int64_t G, const float* q, int64_t qstride, const uint16_t* kt, int64_t tstride, const uint16_t* vals,
+                  int64_t vstride, int64_t D, int64_t j0, int64_t j1, float scale, float* part, int64_t pstride) {
+  switch (G) {
+    case 1: attend_chunk<1>(q, qstride, kt, tstride, vals, vstride, D, j0, j1, scale, part, pstride); return;
+    case 2: attend_chunk<2>(q, qstride, kt, tstride, vals, vstride, D, j0, j1, scale, part, pstride); return;
+    case 3: attend_chunk<3>(q, qstride, kt, tstride, vals, vstride, D, j0, j1, scale, part, pstride); return;
+    case 4: attend_chunk<4>(q, qstride, kt, tstride, vals, vstride, D, j0, j1, scale, part, pstride); return;
+    default:  // larger groups: the chunk is read once per 4 heads
+      for (int64_t g = 0; g < G; g += 4)
+        attend_group(std::min<int64_t>(4, G - g), q + g * qstride, qstride, kt, tstride, vals, vstride, D, j0, j1,
+                     scale, part + g * pstride, pstride);
+  }
+}
+
+// out[D] = the softmax-weighted values of one query head from its chunks' partials {m, l, acc} (part + c *
+// cstride), merged in chunk order: each chunk rescaled by e^(m_c - max_c m_c)
+void attend_merge(const float* part, int64_t chunks, int64_t cstride, int64_t D, float* out) {
+  float mx = -INFINITY;
+  for (int64_t c = 0; c < chunks; ++c) mx = std::max(mx, part[c * cstride]);
+  float total = 0.f;
+  for (int64_t i = 0; i < D; ++i) out[i] = 0.f;
+  for (int64_t c = 0; c < chunks; ++c) {
+    const float* pc = part + c * cstride;
+    const float w = std::exp(pc[0] - mx);
+    total += w * pc[1];
+    for (int64_t i = 0; i < D; ++i) out[i] += w * pc[2 + i];
+  }
+  const float inv = 1.f / total;
+  for (int64_t i = 0; i < D; ++i) out[i] *= inv;
 }
 
 enum Slot { WQ, WK, WV, WO, WGATE, WUP, WDOWN, N_SLOTS };
@@ -543,7 +591,14 @@ struct Cache {
     std::vector<float> x(rows * E), xn(rows * E), q(rows * E), kv_k(rows * KV), kv_v(rows * KV), att(rows * E),
         o(rows * E), g(rows * F), u(rows * F), down(rows * E), t(rows * 64 * N_SLOTS), logits(M.vocab);
     const int teams = static_cast<int>(std::max<int64_t>(n_threads, 1));
-    std::vector<float> scores(teams * (capacity + 8));  // attention weights, one row per thread
+    // attention work items (row, chunk, KV head) and their partials [row][head][chunk][P]: the same in every layer
+    const int64_t group = H / M.n_kv, P = (D + 2 + 7) / 8 * 8, chunks = (pos + rows + ATT_CHUNK - 1) / ATT_CHUNK;
+    struct Item { int64_t r, c, kvh; };
+    std::vector<Item> items;
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c * ATT_CHUNK < pos + r + 1; ++c)
+        for (int64_t kvh = 0; kvh < M.n_kv; ++kvh) items.push_back({r, c, kvh});
+    std::vector<float> parts(rows * H * chunks * P);
     QRows qe, qf;
     qe.resize(rows, E); qf.resize(rows, F);
     int64_t max_rank = 0;
@@ -625,12 +680,17 @@ struct Cache {
           }
         }
         const float scale = 1.f / std::sqrt(static_cast<float>(D));
-        const int64_t group = H / M.n_kv;
+#pragma omp for schedule(static)
+        for (size_t it = 0; it < items.size(); ++it) {
+          const Item& w = items[it];
+          const int64_t h0 = w.kvh * group, j0 = w.c * ATT_CHUNK, j1 = std::min(j0 + ATT_CHUNK, pos + w.r + 1);
+          attend_group(group, &q[w.r * E + h0 * D], D, &k[li][w.kvh * D * 8], KV * 8, &v[li][w.kvh * D], KV, D, j0, j1,
+                       scale, &parts[((w.r * H + h0) * chunks + w.c) * P], chunks * P);
+        }
 #pragma omp for schedule(static)
         for (int64_t rh = 0; rh < rows * H; ++rh) {
-          const int64_t r = rh / H, h = rh % H, kvh = h / group;
-          attend(&q[r * E + h * D], &k[li][kvh * D * 8], KV * 8, &v[li][kvh * D], KV, D, pos + r + 1, scale,
-                 &scores[omp_get_thread_num() * (capacity + 8)], &att[r * E + h * D]);
+          const int64_t r = rh / H;
+          attend_merge(&parts[rh * chunks * P], (pos + r + ATT_CHUNK) / ATT_CHUNK, P, D, &att[rh * D]);
         }
         qe.set_for(att.data());
         linears(L, lo, {WO}, {o.data()}, qe, att.data());
