@@ -60,6 +60,29 @@ def test_reading_in_one_call_gives_the_bits_of_reading_token_by_token(native):
     assert read.shape == (lm.vocab_size,) and hidden.shape == (lm.hidden_size,) and hidden.abs().sum() > 0
 
 
+
+@pytest.mark.real
+def test_the_vnni_products_give_the_bits_of_the_avx2_ones(native):
+    """Where the CPU has AVX512-VNNI the Q4_1 products take it: the same integers, so the same logits."""
+    lm, tok = native
+    ext = kernels.qdraft()
+    if not ext.use_vnni(True):
+        pytest.skip("this CPU has no AVX512-VNNI")
+    ids = list(tok.encode(TEXT))[:40]
+    lm.apply_adapter(None)
+
+    def logits() -> list[torch.Tensor]:  # reads of 37 rows (groups of 4, then 1) and of 3 more
+        lm.reset()
+        return [lm.logits_for(ids[:37]).clone(), lm.logits_for(ids).clone()]
+
+    try:
+        vnni = logits()
+        assert not ext.use_vnni(False)
+        avx2 = logits()
+    finally:
+        ext.use_vnni(True)
+    assert all(torch.equal(a, b) for a, b in zip(vnni, avx2)) and vnni[0].abs().sum() > 0
+
 @pytest.mark.real
 def test_a_context_read_in_pieces_leaves_what_one_read_leaves(native):
     """The streaming device reads a long prompt a piece at a time (``Drafter.read``), so that a stream
