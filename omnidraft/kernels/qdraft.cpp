@@ -1,5 +1,5 @@
 // A llama-architecture drafter's whole forward pass on its GGUF weights, in one call (AVX2 + FMA + F16C; the
-// Q4_1 products on AVX512-VNNI where the CPU has it, with the same bits).
+// products on AVX512-VNNI where the CPU has it, with the same bits).
 //
 // Why: drafting is one token at a time, where eager torch and onnxruntime pay per operator (30 layers x
 // ~20 ops) and llama.cpp rounds activations to 8 bits (its Q8 dot products), which moved the drafter's
@@ -128,44 +128,8 @@ inline void block_scales(const uint16_t* dh, int64_t nb, const QRows& x, int64_t
 // ahead, each row's first loads waited on memory (the hardware prefetcher alone kept ~5 GB/s per core)
 inline void prefetch_ahead(const uint8_t* p) { _mm_prefetch(reinterpret_cast<const char*>(p + PREFETCH_AHEAD), _MM_HINT_T0); }
 
-// y[m * ys] for weight row o against activation rows r0..r0+M-1, Q8_0 (`Model::repack`: a row's block scales,
-// then its 32-byte blocks). Every row's arithmetic is the same whatever M is (reads in one call give the bits
-// of token-by-token reads); two accumulators per row, as a one-row step would otherwise wait on each FMA.
-template <int M>
-inline void dot_rows_q8(const QLinear& w, int64_t o, const QRows& x, int64_t r0, float* y, int64_t ys) {
-  const int64_t nb = w.in / QK;
-  const uint16_t* dh = reinterpret_cast<const uint16_t*>(w.row(o));
-  const int8_t* qs = reinterpret_cast<const int8_t*>(dh + nb);
-  alignas(32) float ds[M][MAX_BLOCKS];
-  block_scales<M>(dh, nb, x, r0, ds);
-  auto block = [&](int64_t b, __m256* acc) {
-    const __m256i wl = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs + b * QK)));
-    const __m256i wh = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs + b * QK + 16)));
-    for (int m = 0; m < M; ++m) {
-      const int16_t* xq = x.q.data() + ((r0 + m) * nb + b) * QK;
-      const __m256i prod = _mm256_add_epi32(
-          _mm256_madd_epi16(wl, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq))),
-          _mm256_madd_epi16(wh, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 16))));
-      acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(prod), _mm256_set1_ps(ds[m][b]), acc[m]);
-    }
-  };
-  __m256 even[M], odd[M];
-  for (int m = 0; m < M; ++m) even[m] = odd[m] = _mm256_setzero_ps();
-  int64_t b = 0;
-  for (; b + 2 <= nb; b += 2) {
-    prefetch_ahead(reinterpret_cast<const uint8_t*>(qs + b * QK));
-    prefetch_ahead(reinterpret_cast<const uint8_t*>(qs + b * QK + 32));
-    block(b, even); block(b + 1, odd);
-  }
-  if (b < nb) block(b, even);
-  for (int m = 0; m < M; ++m) y[m * ys] = hsum(_mm256_add_ps(even[m], odd[m]));
-}
-
-// The same for Q4_1 (`Model::repack`: a row's block scales, minimums, then the blocks' 16 bytes of nibbles).
-// Each block's 16 bytes are broadcast to both halves of a register and the upper half shifted by 4, so one
-// AND leaves elements 0..31 as bytes in order (no cross-lane unpacking); against the activations' two
-// signed bytes (q = 255 hi + lo), _mm256_maddubs_epi16 then multiplies 32 pairs per instruction without
-// saturating (2 * 15 * 127 < 2^15). The minimums' term sum_b m_b * sum(x_b) is taken 8 blocks per instruction.
+// The Q4_1 blocks as bytes: each block's 16 bytes are broadcast to both halves of a register and the upper
+// half shifted by 4, so one AND leaves elements 0..31 as bytes in order (no cross-lane unpacking).
 inline __m256i q41_unpack(const uint8_t* nib16) {
   const __m256i shift = _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4);
   return _mm256_and_si256(
@@ -188,81 +152,55 @@ inline void q41_mins(const uint16_t* mh, int64_t nb, const QRows& x, int64_t r0,
     for (int m = 0; m < M; ++m) mins[m] += _cvtsh_ss(mh[b]) * x.sum[(r0 + m) * nb + b];
 }
 
-template <int M>
-inline void dot_rows_q41(const QLinear& w, int64_t o, const QRows& x, int64_t r0, float* y, int64_t ys) {
-  const int64_t nb = w.in / QK;
-  const uint16_t* dh = reinterpret_cast<const uint16_t*>(w.row(o));
-  const uint8_t* nib = reinterpret_cast<const uint8_t*>(dh + 2 * nb);
-  alignas(32) float ds[M][MAX_BLOCKS];
-  float mins[M];
-  block_scales<M>(dh, nb, x, r0, ds);
-  q41_mins<M>(dh + nb, nb, x, r0, mins);
-  const __m256i one = _mm256_set1_epi16(1), base = _mm256_set1_epi16(255);
-  auto block = [&](int64_t b, __m256* acc) {
-    const __m256i wv = q41_unpack(nib + b * 16);
-    for (int m = 0; m < M; ++m) {
-      const int8_t* xs = x.split.data() + ((r0 + m) * nb + b) * 2 * QK;
-      const __m256i lo = _mm256_madd_epi16(_mm256_maddubs_epi16(wv, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xs))), one);
-      const __m256i hi = _mm256_madd_epi16(_mm256_maddubs_epi16(wv, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xs + QK))), base);
-      acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(lo, hi)), _mm256_set1_ps(ds[m][b]), acc[m]);
-    }
-  };
-  __m256 even[M], odd[M];
-  for (int m = 0; m < M; ++m) even[m] = odd[m] = _mm256_setzero_ps();
-  int64_t b = 0;
-  for (; b + 2 <= nb; b += 2) {
-    prefetch_ahead(nib + b * 16);
-    block(b, even); block(b + 1, odd);
-  }
-  if (b < nb) block(b, even);
-  for (int m = 0; m < M; ++m) y[m * ys] = hsum(_mm256_add_ps(even[m], odd[m])) + mins[m];
+// A block's integer products, 8 int32 lanes each summing 4 consecutive products. Q8_0: the weights as int16
+// against the int16 activations (_mm256_madd_epi16). Q4_1: the nibbles (unsigned bytes) against the
+// activations' two signed bytes, lo[32] then hi[32] with q = 255 hi + lo; _mm256_maddubs_epi16 multiplies 32
+// pairs per instruction without saturating (2 * 15 * 127 < 2^15).
+namespace avx2 {
+inline __m256i q8_lanes(__m256i wl, __m256i wh, const int16_t* xq) {
+  return _mm256_add_epi32(_mm256_madd_epi16(wl, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq))),
+                          _mm256_madd_epi16(wh, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 16))));
 }
+inline __m256i q41_lanes(__m256i wv, const int8_t* xs) {
+  const __m256i lo = _mm256_madd_epi16(_mm256_maddubs_epi16(wv, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xs))),
+                                       _mm256_set1_epi16(1));
+  const __m256i hi = _mm256_madd_epi16(_mm256_maddubs_epi16(wv, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xs + QK))),
+                                       _mm256_set1_epi16(255));
+  return _mm256_add_epi32(lo, hi);
+}
+#include "qdraft_rows.h"
+}  // namespace avx2
 
-// The same on CPUs with AVX512-VNNI (Sapphire Rapids, Zen 4 and later; 256-bit registers): _mm256_dpbusd_epi32
-// sums each 4 consecutive bytes' products straight into an int32 lane, the lanes maddubs + madd make, so the
-// integers and then every float operation are the same as above (the same bits on every CPU), in 5 instructions
-// per block and row on the multiply ports instead of 6.
+// The same lanes on CPUs with AVX512-VNNI (Sapphire Rapids, Zen 4 and later; 256-bit registers):
+// _mm256_dpwssd_epi32 and _mm256_dpbusd_epi32 sum each lane's products straight into it, in fewer
+// instructions on the multiply ports (Q8_0: 2 instead of 3 per block and row; Q4_1: 4 instead of 5).
+// No lane can overflow (|sum| <= 4 * 128 * 32512 and 4 * 15 * 32512), so the integers are those above.
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512vl,avx512vnni")
-template <int M>
-void dot_rows_q41_vnni(const QLinear& w, int64_t o, const QRows& x, int64_t r0, float* y, int64_t ys) {
-  const int64_t nb = w.in / QK;
-  const uint16_t* dh = reinterpret_cast<const uint16_t*>(w.row(o));
-  const uint8_t* nib = reinterpret_cast<const uint8_t*>(dh + 2 * nb);
-  alignas(32) float ds[M][MAX_BLOCKS];
-  float mins[M];
-  block_scales<M>(dh, nb, x, r0, ds);
-  q41_mins<M>(dh + nb, nb, x, r0, mins);
-  auto block = [&](int64_t b, __m256* acc) {
-    const __m256i wv = q41_unpack(nib + b * 16);
-    for (int m = 0; m < M; ++m) {
-      const int8_t* xs = x.split.data() + ((r0 + m) * nb + b) * 2 * QK;
-      __m256i t = _mm256_dpbusd_epi32(_mm256_setzero_si256(), wv, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xs + QK)));
-      t = _mm256_sub_epi32(_mm256_slli_epi32(t, 8), t);  // 255 hi
-      t = _mm256_dpbusd_epi32(t, wv, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xs)));  // + lo
-      acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t), _mm256_set1_ps(ds[m][b]), acc[m]);
-    }
-  };
-  __m256 even[M], odd[M];
-  for (int m = 0; m < M; ++m) even[m] = odd[m] = _mm256_setzero_ps();
-  int64_t b = 0;
-  for (; b + 2 <= nb; b += 2) {
-    prefetch_ahead(nib + b * 16);
-    block(b, even); block(b + 1, odd);
-  }
-  if (b < nb) block(b, even);
-  for (int m = 0; m < M; ++m) y[m * ys] = hsum(_mm256_add_ps(even[m], odd[m])) + mins[m];
+namespace vnni {
+inline __m256i q8_lanes(__m256i wl, __m256i wh, const int16_t* xq) {
+  const __m256i t = _mm256_dpwssd_epi32(_mm256_setzero_si256(), wl, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq)));
+  return _mm256_dpwssd_epi32(t, wh, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 16)));
 }
+inline __m256i q41_lanes(__m256i wv, const int8_t* xs) {
+  __m256i t = _mm256_dpbusd_epi32(_mm256_setzero_si256(), wv, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xs + QK)));
+  t = _mm256_sub_epi32(_mm256_slli_epi32(t, 8), t);  // 255 hi
+  return _mm256_dpbusd_epi32(t, wv, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xs)));  // + lo
+}
+#include "qdraft_rows.h"
+}  // namespace vnni
 #pragma GCC pop_options
 
-// Whether the Q4_1 products take the VNNI path: where the CPU has it, unless switched off (`use_vnni`)
+// Whether the products take the VNNI path: where the CPU has it, unless switched off (`use_vnni`)
 bool vnni_on = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl");
 
 template <int M>
 inline void dot_rows(const QLinear& w, int64_t o, const QRows& x, int64_t r0, float* y, int64_t ys) {
-  if (w.type != Q4_1) dot_rows_q8<M>(w, o, x, r0, y, ys);
-  else if (vnni_on) dot_rows_q41_vnni<M>(w, o, x, r0, y, ys);
-  else dot_rows_q41<M>(w, o, x, r0, y, ys);
+  if (vnni_on) {
+    if (w.type == Q4_1) vnni::dot_rows_q41<M>(w, o, x, r0, y, ys); else vnni::dot_rows_q8<M>(w, o, x, r0, y, ys);
+  } else {
+    if (w.type == Q4_1) avx2::dot_rows_q41<M>(w, o, x, r0, y, ys); else avx2::dot_rows_q8<M>(w, o, x, r0, y, ys);
+  }
 }
 
 // y [rows, out] = x W^T, tiles of weight rows shared among the team (call inside a parallel region). Within a
@@ -783,5 +721,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("use_vnni", [](bool on) {
     vnni_on = on && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl");
     return vnni_on;
-  }, "Q4_1 products on AVX512-VNNI where the CPU has it (the same bits either way); returns whether they are");
+  }, "the products on AVX512-VNNI where the CPU has it (the same bits either way); returns whether they are");
 }
