@@ -63,7 +63,8 @@ def test_reading_in_one_call_gives_the_bits_of_reading_token_by_token(native):
 
 @pytest.mark.real
 def test_the_vnni_products_give_the_bits_of_the_avx2_ones(native):
-    """Where the CPU has AVX512-VNNI the Q4_1 products take it: the same integers, so the same logits."""
+    """Where the CPU has AVX512-VNNI the products take it (Q4_1 layers, the Q8_0 LM head): the same
+    integers, so the same logits."""
     lm, tok = native
     ext = kernels.qdraft()
     if not ext.use_vnni(True):
@@ -82,6 +83,7 @@ def test_the_vnni_products_give_the_bits_of_the_avx2_ones(native):
     finally:
         ext.use_vnni(True)
     assert all(torch.equal(a, b) for a, b in zip(vnni, avx2)) and vnni[0].abs().sum() > 0
+
 
 @pytest.mark.real
 def test_a_context_read_in_pieces_leaves_what_one_read_leaves(native):
