@@ -3,8 +3,11 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
+import zipfile
+from pathlib import Path
 
 import pytest
 
@@ -61,7 +64,6 @@ def _package_imports() -> dict[str, set[str]]:
     "omnidraft.decode", …): every import a module runs, at its top or inside a function; imports
     under ``if TYPE_CHECKING:`` are annotations only and are left out."""
     import ast
-    from pathlib import Path
 
     import omnidraft
 
@@ -125,10 +127,6 @@ def test_a_built_wheel_carries_every_file_the_package_reads(tmp_path):
     """An install from a wheel (``pip install .``, not the editable set-up) compiles the native kernels
     from their sources on first use and loads the gRPC schema at import: files that are not Python and
     that setuptools leaves out unless told. Every tracked non-Python file under the package must be in it."""
-    import shutil
-    import zipfile
-    from pathlib import Path
-
     root = Path(__file__).resolve().parents[1]
     tracked = subprocess.run(["git", "ls-files", "pyproject.toml", "README.md", "omnidraft"], cwd=root,
                              capture_output=True, text=True, check=True).stdout.split()
