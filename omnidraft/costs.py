@@ -254,25 +254,17 @@ class AcceptanceStats:
         self.tried = [t * keep for t in self.tried]
         self.accepted = [a * keep for a in self.accepted]
 
-    def rate(self, i: int, caution: float = 0.0) -> float:
-        """a_i for the 1-based position i: the posterior mean, less ``caution`` posterior standard
-        deviations (a lower credible bound, never below 0). The Beta posterior's variance is
-        ``mean * (1 - mean) / (n + 1)`` with ``n = tried_i + prior_strength``, so the bound stays
-        well below the mean while the evidence is thin (a prior, a few outcomes) and closes in on it
-        as outcomes accumulate."""
+    def rate(self, i: int) -> float:
+        """a_i for the 1-based position i."""
         if i < 1:
             raise ValueError("positions are 1-based")
         j = min(i, self.max_positions) - 1
         s = self.prior_strength
-        n = self.tried[j] + s
-        mean = (self.accepted[j] + self.prior_mean * s) / n
-        if caution <= 0:
-            return mean
-        return max(0.0, mean - caution * math.sqrt(mean * (1.0 - mean) / (n + 1.0)))
+        return (self.accepted[j] + self.prior_mean * s) / (self.tried[j] + s)
 
-    def rates(self, k: int | None = None, caution: float = 0.0) -> list[float]:
-        """[a_1, ..., a_k] (k defaults to K), each as :meth:`rate` gives it."""
-        return [self.rate(i, caution) for i in range(1, (self.max_positions if k is None else k) + 1)]
+    def rates(self, k: int | None = None) -> list[float]:
+        """[a_1, ..., a_k] (k defaults to K)."""
+        return [self.rate(i) for i in range(1, (self.max_positions if k is None else k) + 1)]
 
     def expected_tokens(self, k: int) -> float:
         return expected_tokens(self.rates(k), k)

@@ -117,7 +117,7 @@ def test_new_adapter_weights_are_explored_soon_and_outweigh_the_old_evidence(tmp
     assert b.explorations[False].every == EXPLORE_EVERY and b.stats.tried[0] < wrong / 3
     explored = next(i for i in range(1, EXPLORE_MAX) if plan(b, 8))
     assert explored < 2 * EXPLORE_EVERY  # the gap, or the budget's wait for one more lost exploration
-    for _ in range(12):  # the adapted drafter is right: a dozen good drafts turn drafting on
+    for _ in range(10):  # the adapted drafter is right: a few good drafts turn drafting on
         observe_step(b, 4, 0.12, 4, 0.16, 4, [0.9] * 4)
     assert plan(b, 8) == 8
     b.keep_at(tmp_path / "pair.json")
@@ -300,31 +300,19 @@ def test_a_long_lookup_match_drafts_from_its_first_step_where_a_short_one_waits_
     """Where a verify costs several steps (llama.cpp on a CPU) an even prior never lets a lookup
     draft, and the exploration budget keeps a fresh policy from trying in a short request; a match
     of LONG_MATCH tokens is a copy, and its key's prior lets it draft at once. Its evidence then
-    decides: a long match that keeps being wrong is turned off like any other source. Where a verify
-    is steeper still (every row two thirds of a step), a draft must be right nearly every time to
-    pay, and a copy's prior is too thin to bet that on (the policy decides on a lower credible bound
-    of the acceptance, CAUTION): the long match waits for evidence too, and drafts after a handful of
-    right copies."""
-    b = measured_policy(VerifyCosts(LLAMA_CPP), drafter_s=0.005)
+    decides: a long match that keeps being wrong is turned off like any other source."""
+    qwen = {0: 0.0209, 1: 0.0423, 2: 0.0549, 3: 0.0672, 4: 0.0797, 6: 0.1037, 8: 0.1290}  # Qwen-0.5B, llama.cpp
+    b = measured_policy(VerifyCosts(qwen), drafter_s=0.005)
     short, long = match_key("context", 3), match_key("context", 12)
     assert (short, long) == ("context-3", f"context-{LONG_MATCH}") and match_key("context", 6) == "context-4"
     assert b.allow(short, True, 16, 0, match_prior(3)) == 0
     k = b.allow(long, True, 16, 0, match_prior(12))
     assert k > 0
-    observe_lookup(b, long, k, 1, b.verify_costs(k))  # one unlucky draft does not turn a copy off
+    observe_lookup(b, long, k, 1, qwen[4])  # one unlucky draft does not turn a copy off
     assert b.allow(long, True, 16, 0, match_prior(12)) > 0
     for _ in range(6):
-        observe_lookup(b, long, k, 0, b.verify_costs(k))  # copied text the target did not write
+        observe_lookup(b, long, k, 0, qwen[4])  # copied text the target did not write
     assert b.allow(long, True, 16, 0, match_prior(12)) == 0
-    qwen = {0: 0.0209, 1: 0.0423, 2: 0.0549, 3: 0.0672, 4: 0.0797, 6: 0.1037, 8: 0.1290}  # Qwen-0.5B, llama.cpp, 2 vCPUs
-    steep = measured_policy(VerifyCosts(qwen), drafter_s=0.005)
-    offer = Offer(long, 16, prior=match_prior(12))
-    assert steep._plan(offer, True)[0] == 0  # (an exploration aside)
-    for _ in range(4):
-        observe_lookup(steep, long, 4, 4, qwen[4])  # copies the target kept (explorations)
-        assert steep._plan(offer, True)[0] == 0
-    observe_lookup(steep, long, 4, 4, qwen[4])  # a handful of them: the bound now pays
-    assert steep._plan(offer, True)[0] > 0
     restored = CostPolicy()
     assert restored.restore(b.state()) and (restored.acceptance[long].prior_mean, restored.acceptance[long].prior_strength) == LONG_MATCH_PRIOR
 
@@ -350,27 +338,22 @@ def test_a_long_match_that_stops_paying_in_this_text_is_turned_off_within_a_few_
 def test_of_the_offers_that_pay_the_one_expected_to_emit_the_most_tokens_per_second_drafts():
     """On a memory-bound target a two-token lookup at an even prior pays, and so does a drafter that
     is usually right: the drafter, expected to emit more per second, must draft (the first offer
-    that pays used to, which left the drafter behind the text). A long match, a copy, beats it once a
-    few of its copies were right: on its prior alone, its cautious estimate does not."""
+    that pays used to, which left the drafter behind the text). A long match, a copy, beats it."""
     torch_like = {0: 0.100, 1: 0.104, 2: 0.108, 4: 0.116, 8: 0.132}  # a verify of 8 costs 1.3 steps
     b = measured_policy(VerifyCosts(torch_like), drafter_s=0.008)
     for _ in range(60):
         b.stats.update(8, 7)  # the drafter: about 0.9 of its tokens kept
     short = Offer(match_key("context", 2), 2, [1, 2], prior=match_prior(2))
     drafter = Offer(DRAFTER, 8)
-    assert b.allow(short.key, True, 2, 0, short.prior) > 0  # alone, the lookup pays
+    assert b.allow(short.key, True, 2, 0, short.prior) == 2  # alone, the lookup pays
     assert b.choose([(short, True), (drafter, False)]) == (1, 8)
     copy = Offer(match_key("context", 12), 8, list(range(8)), prior=match_prior(12))
-    assert b.choose([(copy, True), (drafter, False)])[0] == 1  # a copy on its prior alone: too thin (CAUTION)
-    for _ in range(4):
-        observe_lookup(b, copy.key, 8, 8, torch_like[8])  # a few copies the target kept
     chosen, k = b.choose([(copy, True), (drafter, False)])
     assert chosen == 0 and k > 2
     b.stats.tried, b.stats.accepted = [0.0] * 16, [0.0] * 16
     for _ in range(60):
         b.stats.update(8, 0)  # a drafter that is always wrong: the short lookup is the better offer
-    chosen, k = b.choose([(short, True), (drafter, False)])
-    assert chosen == 0 and k > 0
+    assert b.choose([(short, True), (drafter, False)]) == (0, 2)
 
 
 def test_a_drafter_whose_best_case_barely_beats_a_plain_step_is_not_explored():

@@ -265,25 +265,6 @@ def test_acceptance_stats_converge_and_decay():
     assert fixed.rate(1) > 0.6
 
 
-def test_a_cautious_rate_is_the_beta_posteriors_lower_bound_and_closes_in_with_evidence():
-    """``caution`` posterior standard deviations below the mean: on an even prior (Beta(1, 1), whose
-    variance is 1/12) the bound sits far below 0.5; as outcomes accumulate it approaches the mean."""
-    s = AcceptanceStats(2, prior_mean=0.5, prior_strength=2.0)
-    assert s.rate(1, 0.0) == s.rate(1) == 0.5
-    assert s.rate(1, 1.0) == pytest.approx(0.5 - math.sqrt(1 / 12))
-    assert s.rate(1, 100.0) == 0.0  # never below zero
-    gaps = []
-    for n in (10, 100):
-        while s.steps < n:
-            s.update(2, int(s.steps % 4 != 0))  # position 1 kept 3 times in 4
-        a, b = s.rate(1), s.rate(1, 1.0)
-        var = a * (1 - a) / (s.tried[0] + s.prior_strength + 1)  # Beta(alpha, beta): mean (1 - mean) / (alpha + beta + 1)
-        assert b == pytest.approx(a - math.sqrt(var))
-        gaps.append(a - b)
-    assert gaps[0] > 2 * gaps[1] > 0
-    assert s.rates(2, 1.0) == [s.rate(1, 1.0), s.rate(2, 1.0)]
-
-
 def test_stats_drive_the_decision():
     s = AcceptanceStats(8)
     V, d = VerifyCosts.from_eval_ms({1: 20, 2: 37, 4: 51, 8: 87}), DraftCost(0.002)

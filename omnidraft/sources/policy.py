@@ -10,10 +10,9 @@ One object (:class:`CostPolicy`) does the whole job, for every draft source alik
   by a margin, E(k)/T(k) >= DRAFT_MIN_GAIN / V(0) (``costs.best_draft_length``), with a_i the
   source's own per-position acceptance (counted per source key: the drafter, and each lookup
   source and match length, since a long match continues as before far more often than a short
-  one), each taken CAUTION posterior standard deviations below its mean, so a source known only
-  by its prior or a few outcomes drafts where even a cautious estimate pays. A source that drafts
-  token by token (the model drafter) is then stopped by :class:`CostAwareStop` as soon as one more
-  token is no longer expected to pay, with that token's own estimate: the drafter's confidence q calibrated into an acceptance probability (counted per
+  one). A source that drafts token by token (the model drafter) is then stopped by
+  :class:`CostAwareStop` as soon as one more token is no longer expected to pay, with that token's
+  own estimate: the drafter's confidence q calibrated into an acceptance probability (counted per
   bin of q), or the acceptance head's estimate when the adapter has one (OmniDraft §3.3);
 - **learn**: every verified step updates V, d and the acceptance counts (``learn``);
 - **explore**: a source the statistics turned off drafts anyway now and then (when drafting could
@@ -86,12 +85,6 @@ KEEP_ON_NEW_WEIGHTS = 0.25  # share of the drafter's acceptance evidence kept wh
 # a lookup key's evidence fades over its last ~20 drafts: whether a copy continues is a property of the
 # text being written (a docstring repeated, a list that diverges every few items), not of a model
 LOOKUP_DECAY = 0.95
-# A draft that is not an exploration is decided on each position's acceptance less this many
-# posterior standard deviations (``AcceptanceStats.rate``): a source tried a few times, or only on its
-# prior, drafts where even a cautious estimate pays. Where each verified row costs a good share of a
-# step (llama.cpp on a CPU), one- and two-token lookups taken on an even prior lost more than they won;
-# trying such a source is what the exploration budget is for
-CAUTION = 1.0
 OPTIMISTIC_ACCEPTANCE = 0.9  # "could pay at all": the best case a real drafter reaches
 # ... and pay enough to be worth finding out: an exploration costs a verify and, for a drafter that sat
 # out, a read of the text it skipped, which a best case of a few percent never earns back
@@ -328,7 +321,6 @@ class CostPolicy:
         # exploration also reads all the text it skipped (unbudgeted, a fresh policy's first two lost
         # a short request several percent there); where verifies are flat, one costs a fraction of a step
         self.explorations = {False: Exploration(), True: Exploration()}
-        self.caution = CAUTION  # posterior standard deviations taken off the acceptance a draft is decided on
         self.choices: dict[int, int] = {}  # the drafter's allowance -> steps (what the policy did)
         self.weights: str | None = None  # the drafter's adapter version its statistics describe (None: unknown)
         self.path = path  # where the state is kept (None: in memory only)
@@ -575,8 +567,8 @@ class CostPolicy:
         catch_up = 0.0 if free else self.catch_up_per_token(offer.unread, offer.room)
         read = 0.0 if free else offer.unread * self.read_cost.seconds_per_token
         k_max = offer.limit
-        acceptance = self.acceptance_for(offer.key, offer.prior).rates(k_max, self.caution)
-        rates = with_catch_up(expected_rates(acceptance, d, costs, k_max), catch_up)
+        rates = with_catch_up(expected_rates(self.acceptance_for(offer.key, offer.prior).rates(k_max), d, costs, k_max),
+                              catch_up)
         k = best_rate(rates, DRAFT_MIN_GAIN)
         return k, rates[k], lambda room: explore_length(d, costs, k_max, room, catch_up, read)
 
