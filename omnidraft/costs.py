@@ -70,7 +70,8 @@ class VerifyCosts:
     V(6) = 122, and a policy that then never drafts 5 never observes it again. The largest known k
     has nothing above it: its first observation counts as at most ``STALL_FACTOR`` times the
     extrapolated cost (the same stall once made a new V(9) read 926 ms after V(8) = 137), and the
-    later ones as observed (a compute-bound target's costs must be learnt).
+    later ones as observed (a compute-bound target's costs must be learnt). Points the loop has not
+    observed yet follow V(0) in proportion as plain steps observe it (``_follow_plain_step``).
     """
 
     def __init__(self, table: Mapping[int, float], *, alpha: float = 0.1) -> None:
@@ -140,6 +141,18 @@ class VerifyCosts:
         self.guessed.discard(k)
         self._table[k] = prior + weight * (seconds - prior)
         self.observations[k] = self.observations.get(k, 0) + 1
+        if k == 0 and not new:
+            self._follow_plain_step(self._table[0] / prior)
+
+    def _follow_plain_step(self, factor: float) -> None:
+        """Scale the points the loop never observed by ``factor``, the change of V(0). A table timed
+        while something else had the cores is dear throughout; plain steps then observe V(0) at the
+        real speed, but a verify that looks dear is never made, so its V(k) would never be observed
+        and drafting stayed off for good (a home keeps the table). The measured shape, V(k) / V(0),
+        is what the timing can tell; observed points have their own evidence and keep it."""
+        for k in self._keys:
+            if k and not self.observations.get(k):
+                self._table[k] *= factor
 
 
 OUTLIER = 3.0  # a drafting round counts as at most this many times the current d (DraftCost)

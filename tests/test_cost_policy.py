@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from tiny import holding_costs, tiny_pair
 
 from omnidraft.config import DecodeConfig
@@ -599,3 +601,23 @@ def test_a_draft_expected_to_win_less_than_the_minimum_gain_is_not_made():
     for _ in range(8):
         observe_lookup(b, "context-2", 2, 2, costs(2))
     assert b._plan(Offer("context-2", 2, prior=EVEN_PRIOR), True)[0] > 0
+
+
+def test_verify_costs_timed_in_a_slow_moment_do_not_keep_drafting_off():
+    """The policy timed V while another process had the cores (every verify ~2.3x dear, measured
+    this way on Qwen-0.5B on llama.cpp): a lookup whose copies the target keeps does not pay on that
+    table once plain steps at the real speed lower V(0) alone, and since a verify that looks dear is
+    never made, it used to stay off for the whole process and every later one (the home keeps V).
+    The unobserved verifies follow the plain steps, so the lookup drafts again."""
+    real = {0: 0.045, 1: 0.067, 2: 0.088, 3: 0.114, 4: 0.125, 6: 0.166, 8: 0.204}
+    b = measured_policy(VerifyCosts({k: 2.3 * v for k, v in real.items()}), drafter_s=0.007)
+    key, offer = "context-4", Offer("context-4", 8, prior=EVEN_PRIOR)
+    b._plan(offer, True)
+    for _ in range(10):
+        observe_lookup(b, key, 4, 4, real[4] * 2.3)  # kept whole, in the slow moment
+    assert b._plan(offer, True)[0] > 0
+    for _ in range(100):  # plain steps at the real speed
+        b.learn(StepResult(None, "", False, None, 0, 0, [], False, None, StepTimes(verify_s=real[0])), reads_prompt=False)
+    assert b.verify_costs(0) < 1.05 * real[0]
+    assert b._plan(offer, True)[0] > 0
+    assert b.verify_costs(2) == pytest.approx(b.verify_costs(0) * real[2] / real[0], rel=0.01)

@@ -215,6 +215,22 @@ def test_verify_costs_observations_change_the_decision():
     assert best_draft_length(0.8, 0.002, V, 8) == 0
 
 
+def test_a_table_timed_in_a_slow_moment_follows_the_plain_steps_where_the_loop_never_verified():
+    """V timed while another process had the cores (V(0) 105 ms against 45 ms in the loop, and V(2)
+    278 ms): plain steps observe V(0) at the real speed, and the points no verify has observed
+    follow it in proportion (their measured shape is kept); an observed point keeps its evidence."""
+    V = VerifyCosts({0: 0.105, 1: 0.130, 2: 0.278, 4: 0.245})
+    V.observe(1, 0.070)
+    v1 = V(1)
+    for _ in range(80):
+        V.observe(0, 0.045)
+    factor = V(0) / 0.105
+    assert V(0) < 0.047
+    assert V(2) == pytest.approx(0.278 * factor) and V(4) == pytest.approx(0.245 * factor)
+    assert V(1) == v1  # observed: not scaled
+    assert V(2) / V(0) == pytest.approx(0.278 / 0.105)
+
+
 def test_draft_cost_ema():
     d = DraftCost(alpha=0.5)
     assert not d.known and d.seconds_per_token == 0.0
