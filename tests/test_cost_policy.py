@@ -531,11 +531,12 @@ def test_a_drafter_cost_kept_from_an_earlier_process_is_timed_again_and_the_veri
     decoder = SpeculativeDecoder(target, make_drafter(d_model, bridge, target), bridge)
     decoder.cost_policy.keep_at(path)
     assert decoder.cost_policy.draft_cost.seconds_per_token == 5.0
+    restored = decoder.cost_policy.verify_costs
     prompt = target.tokenizer.encode("the cat sat on")
     config = DecodeConfig(max_new_tokens=8)
     first = decoder.generate(prompt, config)
     assert first.stats.measure_s > 0 and decoder.cost_policy.draft_cost.seconds_per_token < 1.0
-    assert set(decoder.cost_policy.verify_costs.table) == {0, 1}  # V is not timed again (that would add 2, 4, 8)
+    assert decoder.cost_policy.verify_costs is restored  # V is not timed again (that builds a new table)
     assert first.token_ids == SpeculativeDecoder(target).generate(prompt, config).token_ids
     assert decoder.generate(prompt, config).stats.measure_s == 0  # once per process
 
