@@ -53,6 +53,11 @@ def step(key: str, free: bool, drafted: int, proposed: int, kept: int, draft_s: 
                       None, StepTimes(draft_s, 0.0, verify_s), kept=kept)
 
 
+def plain_step(verify_s: float = 0.0, emitted: list[int] | None = None) -> StepResult:
+    """A plain target step (no source drafted), as the decoder hands it to the policy."""
+    return StepResult(None, "", False, None, 0, 0, emitted or [], False, None, StepTimes(verify_s=verify_s))
+
+
 def observe_step(b: CostPolicy, drafted: int, draft_s: float, proposed: int, verify_s: float, kept: int,
                  probs: list[float]) -> None:
     stop = b.stop_rule(8, None)
@@ -462,7 +467,7 @@ def test_after_plain_steps_and_into_the_next_turn_the_drafter_keeps_its_own_toke
                              len(tr.target_ids), emitted, False, None, StepTimes()))
     plain = t_tok.encode("\ndef other(a, b):\n    return b")
     for token in plain:  # the policy sat these out
-        source.accept(StepResult(None, "", False, None, 0, 0, [token], False, None, StepTimes()))
+        source.accept(plain_step(emitted=[token]))
     text = ids + emitted + plain
     new_text = len(bridge.target_to_drafter(plain))
     offer = source.offer(text, 16)
@@ -553,7 +558,7 @@ def test_a_drafter_cost_that_rose_while_the_drafter_sat_out_returns_to_its_timin
     timed, timed_read = b._timed
     assert timed > 0 and timed_read > 0
     b.draft_cost, b.read_cost = DraftCost(50 * timed), DraftCost(50 * timed_read)  # a busy spell
-    plain = StepResult(None, "", False, None, 0, 0, [1], False, None, StepTimes(0.0, 0.0, 0.150))
+    plain = plain_step(0.150, [1])
     for _ in range(300):
         b.learn(plain, reads_prompt=False)
     assert timed <= b.draft_cost.seconds_per_token < 1.2 * timed  # back near the timing, not below it
@@ -618,7 +623,7 @@ def test_verify_costs_timed_in_a_slow_moment_do_not_keep_drafting_off():
         observe_lookup(b, key, 4, 4, real[4] * 2.3)  # kept whole, in the slow moment
     assert b._plan(offer, True)[0] > 0
     for _ in range(100):  # plain steps at the real speed
-        b.learn(StepResult(None, "", False, None, 0, 0, [], False, None, StepTimes(verify_s=real[0])), reads_prompt=False)
+        b.learn(plain_step(real[0]), reads_prompt=False)
     assert b.verify_costs(0) < 1.05 * real[0]
     assert b._plan(offer, True)[0] > 0
     assert b.verify_costs(2) == pytest.approx(b.verify_costs(0) * real[2] / real[0], rel=0.01)
