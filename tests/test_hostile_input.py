@@ -534,7 +534,11 @@ def test_a_damaged_cache_is_set_aside_and_generation_goes_on(how, real_models, s
 
 
 @pytest.mark.real
-def test_prompts_past_the_targets_context_fail_before_any_forward(shared_models, tmp_path):
+def test_prompts_past_the_targets_context_fail_before_any_forward(shared_models, tmp_path, monkeypatch):
+    from omnidraft import runtime
+
+    held, load = [], runtime.load_pipeline  # pipelines kept alive: closing them is the command's job, not the GC's
+    monkeypatch.setattr(runtime, "load_pipeline", lambda *a, **k: held.append(load(*a, **k)) or held[-1])
     home = tmp_path / "home"
     (home / "long.txt").parent.mkdir(parents=True, exist_ok=True)
     (home / "long.txt").write_text("word " * 40_000)  # ~40k tokens against Qwen's 32,768
@@ -542,8 +546,17 @@ def test_prompts_past_the_targets_context_fail_before_any_forward(shared_models,
     outcome = run(["generate", "--prompt-file", "long.txt", "--json"], home)
     check(Case([], 2, "context", writes=True), outcome)
     assert time.monotonic() - start < 120  # it used to run for minutes: no forward pass happened
+    assert_store_closed(home)
     huge = run(["generate", "--prompt", "hi", "--max-new-tokens", str(10**9), "--json"], home)
     check(Case([], 2, "context", writes=True), huge)
+    assert_store_closed(home)
+
+
+def assert_store_closed(home: Path) -> None:
+    """The pair's store was closed when the command returned, not later by whoever drops the
+    pipeline (a garbage collector's close removed the -wal file while a snapshot of the home read it)."""
+    assert list((home / "cache_store").glob("*.sqlite"))
+    assert not list((home / "cache_store").glob("*.sqlite-wal"))
 
 
 @pytest.mark.real

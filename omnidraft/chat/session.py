@@ -149,13 +149,6 @@ class KeepUp:
             self.source.drafter.reset()
 
 
-def close_ngram_cache(pipeline: Any) -> None:
-    """Write what is pending in a pipeline's persistent n-gram cache and close its file."""
-    ngrams = pipeline.decoder.ngrams
-    if ngrams is not None and hasattr(ngrams, "close"):
-        ngrams.close()
-
-
 class SigintFlag:
     """While a reply streams, Ctrl-C only raises a flag the loop checks after each decoding step,
     so the decoder is never cut mid-forward (its KV caches stay consistent and its ``finally``
@@ -478,7 +471,7 @@ class ChatSession:
             self.notice("saving the adapter (finishing the update in flight)…")
         self._stop_learning()
         try:
-            close_ngram_cache(self.pipe)
+            self.pipe.close()
         except OmnidraftError as exc:
             self.error(str(exc))
 
@@ -525,9 +518,9 @@ class ChatSession:
         try:
             self._activate(new)
         except OmnidraftError:
-            close_ngram_cache(new)
+            new.close()
             raise
-        close_ngram_cache(old)
+        old.close()
         template = "its chat template" if has_chat_template(new.target_tokenizer) else "a plain User:/Assistant: transcript"
         self.notice(f"now chatting with {spec} ({template}); the conversation carries over")
 

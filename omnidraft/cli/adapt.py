@@ -82,6 +82,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         bar.close()
         learner.close(train_pending=True)
+        pipe.close()
     return _report(args, pipe, learner, rates)
 
 

@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from omnidraft.cli.options import (
     add_cache_options,
@@ -18,6 +19,10 @@ from omnidraft.cli.options import (
     text,
 )
 from omnidraft.errors import OmnidraftError
+
+if TYPE_CHECKING:  # the runtime imports torch: loaded when a command runs, not at --help
+    from omnidraft.config import DecodeConfig
+    from omnidraft.runtime import Pipeline
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -49,7 +54,7 @@ def prompt_text(args: argparse.Namespace) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from omnidraft.runtime import encode_prompt, load_pipeline
+    from omnidraft.runtime import load_pipeline
 
     config = decode_config(args)
     check_adaptable(args, training=False)
@@ -57,6 +62,16 @@ def run(args: argparse.Namespace) -> int:
     pipe = load_pipeline(args.target, args.drafter, dtype=args.dtype, device=args.device, drafter_dtype=args.drafter_dtype,
                          cache=cache_options(args), quiet=args.json, adapter=args.adapter, engine=args.engine,
                          remote=remote_options(args), drafter_backend=args.drafter_backend)
+    try:
+        return _generate(args, pipe, prompt, config)
+    finally:
+        pipe.close()  # now, not at exit: the cache's last batch and its -wal file are settled when run returns
+
+
+def _generate(args: argparse.Namespace, pipe: Pipeline, prompt: str, config: DecodeConfig) -> int:
+    """Decode one prompt: the JSON result, or the text streamed with a one-line summary on stderr."""
+    from omnidraft.runtime import encode_prompt
+
     prompt_ids = encode_prompt(pipe.target_tokenizer, prompt, chat=args.chat)
     decoder = pipe.decoder
     decoder.check_length(len(prompt_ids), config.max_new_tokens)  # before any forward pass
