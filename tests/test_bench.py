@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import DRAFTER
+from conftest import DRAFTER, TEST_HOME
 from tiny import tiny_model, tiny_tokenizer
 
 from omnidraft.bench.report import markdown_table
@@ -120,6 +120,12 @@ def test_bench_cli_smoke(tmp_path, cli):
         assert row["tokens_per_s"] > 0 and row["prompts"] == 2
         assert row["speedup_vs_target"] > 0
     assert modes["greedy-k4@llamacpp"]["tokens_per_target_forward"] > 1.0  # a fixed length: it drafts on any host
+    # our modes draft where generate would (the home's measured backend), and transformers' assisted
+    # mode really had an assistant: without one it ran plain generate and reported no acceptance
+    from omnidraft.runtime import kept_drafter_choice
+
+    assert res["meta"]["drafter_backend"].startswith(kept_drafter_choice(DRAFTER, TEST_HOME).chosen.backend)
+    assert modes["hf-uag"]["acceptance_rate"] is not None
     assert (out / "results.md").read_text().count("\n|") >= 8
     assert (out / "speedup.png").stat().st_size > 1000 and (out / "time_split.png").stat().st_size > 1000
 
@@ -183,6 +189,7 @@ def test_the_report_names_what_ran_the_drafter():
                 temperature_sampling_modes=0.7, threads=2)
     assert "torch drafter in bfloat16" in meta_line(meta)  # a report from before the backend was recorded
     assert "drafter on native" in meta_line(dict(meta, drafter_backend="native"))
+    assert "torch drafter in float32" in meta_line(dict(meta, drafter_backend="torch-float32"))  # the pipeline's label
     assert "torch drafter" in meta_line(dict(meta, drafter_backend="auto"))
 
 
@@ -199,3 +206,33 @@ def test_the_onnx_modes_use_the_homes_export_beside_a_backend_that_is_no_export(
     assert onnx_backend(str(tmp_path / "an-export")) == str(tmp_path / "an-export")
     with pytest.raises(OmnidraftError, match="omnidraft export"):
         onnx_export_for("builtin:smollm2-135m", onnx_backend("native"), home=tmp_path)
+
+
+def test_assisted_modes_refuse_a_pipeline_without_a_torch_drafter():
+    """A drafter on a GGUF or an export holds no torch model: transformers' assisted mode must get one
+    (the bench loads it) or refuse, never run transformers' plain generate under the assisted name."""
+    from types import SimpleNamespace
+
+    from omnidraft.bench.runner import build_modes
+
+    tok = tiny_tokenizer(300)
+    model = tiny_model(len(tok), seed=3)
+    pipe = SimpleNamespace(decoder=SpeculativeDecoder(TorchTarget(model, tok)), target_model=model, drafter_model=None)
+    cfg = DecodeConfig(max_new_tokens=4)
+    with pytest.raises(ValueError, match="hf-uag: transformers' assisted generation needs the drafter as a torch model"):
+        build_modes(pipe, ["target", "hf-uag"], cfg, 0.7)
+    assert set(build_modes(pipe, ["target", "hf-target"], cfg, 0.7)) == {"target", "hf-target"}
+
+
+def test_the_assistant_steps_in_the_torch_dtype_timed_faster():
+    from omnidraft.cli.bench import fastest_torch_dtype
+    from omnidraft.drafter.choice import BackendChoice, BackendMeasure
+
+    def choice(fp32_ms: float, bf16_ms: float) -> BackendChoice:
+        native = BackendMeasure("native", None, 5.0, 1.0)
+        measures = [native, BackendMeasure("torch", "float32", fp32_ms, 1.0), BackendMeasure("torch", "bfloat16", bf16_ms, 0.98)]
+        return BackendChoice(native, measures, "a CPU", 0.0)
+
+    assert fastest_torch_dtype(choice(26.1, 48.0)) == "float32"  # no AMX: bf16 is emulated
+    assert fastest_torch_dtype(choice(33.0, 20.0)) == "bfloat16"
+    assert fastest_torch_dtype(None) == "float32"  # nothing timed: transformers' own default

@@ -116,10 +116,13 @@ def draft_policy(meta: dict) -> str:
 
 
 def drafter_runtime(meta: dict) -> str:
-    """What ran the drafter in the plain modes: the bench keeps torch under ``auto``."""
+    """What ran the drafter in our modes: the pipeline's backend label ("native", "torch-bfloat16",
+    "onnx-int8"; reports from before it was recorded say "auto" or "torch": the torch drafter)."""
     backend = meta.get("drafter_backend", "auto")
     if backend in ("auto", "torch"):
         return f"torch drafter in {meta['drafter_dtype']}"
+    if backend.startswith("torch-"):
+        return f"torch drafter in {backend.removeprefix('torch-')}"
     return f"drafter on {backend}"
 
 

@@ -32,6 +32,7 @@ OUR_MODES = ("target", "target-sample", "greedy", "greedy-ngram", "greedy-nocach
 BASE_MODES = ("greedy-base",)  # the drafter without its adapter (a fork with base weights)
 SAMPLING_MODES = ("tli", "omnidraft", "text-sample", "rdk", "slrs", "hf-uag-sample", "target-sample")  # at --sample-temperature
 HF_MODES = ("hf-target", "hf-uag", "hf-lookup", "hf-uag-sample")
+ASSISTED_MODES = ("hf-uag", "hf-uag-sample")  # transformers' assisted generation: the drafter as a torch model
 # On llama.cpp: its own greedy loop (llama-cpp-python's ``Llama.generate``), our loop with the
 # target alone, ours with the cost-aware draft policy, and ours drafting blindly (always k = 4).
 LLAMA_MODES = ("llamacpp", "target@llamacpp", "greedy@llamacpp", "greedy-k4@llamacpp", "greedy-onnx@llamacpp",
@@ -344,14 +345,17 @@ def llama_native_mode(target, max_new_tokens: int) -> ModeFn:
 
 def build_modes(pipe, modes: Sequence[str], base: DecodeConfig, temperature: float,
                 ngrams_factory: Callable[[], NgramCache] = NgramTrie, llama=None, onnx=None,
-                gguf=None, base_drafter=None) -> dict[str, ModeFn]:
+                gguf=None, base_drafter=None, assistant=None) -> dict[str, ModeFn]:
     """Mode name -> runner, all sharing the pipeline's target engine, drafter and weights.
 
     ``base`` carries the shared knobs (max new tokens, draft length, draft policy, seed).
     ``llama``: the same target on llama.cpp (a ``LlamaCppTarget``), for the ``@llamacpp`` modes;
     ``onnx``: the drafter on onnxruntime (a ``Drafter`` over ``OnnxDraftLM``), for the ``-onnx`` modes;
     ``gguf``: the drafter on llama.cpp (a ``Drafter`` over ``LlamaCppDraftLM``), for the ``-gguf`` modes;
-    ``base_drafter``: the drafter with its base weights (:func:`without_adapter`), for ``greedy-base``.
+    ``base_drafter``: the drafter with its base weights (:func:`without_adapter`), for ``greedy-base``;
+    ``assistant``: the drafter as a torch model, for transformers' assisted modes (default: the
+    pipeline's; a pipeline whose drafter runs on a GGUF or an export has none, and those modes refuse
+    to run rather than run transformers without an assistant).
     """
     target, drafter, bridge = pipe.decoder.target, pipe.decoder.drafter, pipe.decoder.bridge
     max_new_tokens = base.max_new_tokens
@@ -365,6 +369,11 @@ def build_modes(pipe, modes: Sequence[str], base: DecodeConfig, temperature: flo
 
     def cfg(**kw) -> DecodeConfig:
         return replace(base, **kw)
+
+    assistant = assistant if assistant is not None else pipe.drafter_model
+    if assistant is None and any(m in ASSISTED_MODES for m in modes):
+        raise ValueError(f"{', '.join(m for m in modes if m in ASSISTED_MODES)}: transformers' assisted generation "
+                         "needs the drafter as a torch model, and this pipeline's drafter has none")
 
     def spec(config: DecodeConfig, ngrams: NgramCache) -> ModeFn:
         return our_mode(SpeculativeDecoder(target, drafter, bridge, ngrams), config)
@@ -387,10 +396,10 @@ def build_modes(pipe, modes: Sequence[str], base: DecodeConfig, temperature: flo
         "rdk": lambda: spec(cfg(verify="rdk", temperature=temperature), NgramTrie()),
         "slrs": lambda: spec(cfg(verify="slrs", temperature=temperature), NgramTrie()),
         # transformers prunes the assistant's LM head to the shared vocabulary when UAG samples: it gets a copy
-        "hf-uag-sample": lambda: hf_mode(pipe.target_model, target.tokenizer, max_new_tokens, copy.deepcopy(pipe.drafter_model),
+        "hf-uag-sample": lambda: hf_mode(pipe.target_model, target.tokenizer, max_new_tokens, copy.deepcopy(assistant),
                                          bridge.drafter_tokenizer, temperature=temperature, seed=base.seed),
         "hf-target": lambda: hf_mode(pipe.target_model, target.tokenizer, max_new_tokens),
-        "hf-uag": lambda: hf_mode(pipe.target_model, target.tokenizer, max_new_tokens, pipe.drafter_model, bridge.drafter_tokenizer),
+        "hf-uag": lambda: hf_mode(pipe.target_model, target.tokenizer, max_new_tokens, assistant, bridge.drafter_tokenizer),
         "hf-lookup": lambda: hf_mode(pipe.target_model, target.tokenizer, max_new_tokens, prompt_lookup=10),
         "lookup": lambda: our_mode(SpeculativeDecoder(target, lookup=True), cfg(verify="greedy")),
         "greedy-nolookup": lambda: spec(cfg(verify="greedy", translate="text", lookup=False), ngrams_factory()),

@@ -6,6 +6,7 @@ The paper's ablations (n-gram cache, online distillation) are ``omnidraft experi
 from __future__ import annotations
 
 import argparse
+import math
 import itertools
 import sys
 from collections.abc import Callable, Sequence
@@ -154,12 +155,18 @@ def run_meta(args: argparse.Namespace, n: int) -> dict:
             "seed": args.seed, "threads": torch.get_num_threads(), "rtt_ms": getattr(args, "rtt_ms", 0.0)}
 
 
-def load_for_bench(args: argparse.Namespace, adapter: str | None = None, modes: Sequence[str] = ()):
+def load_for_bench(args: argparse.Namespace, adapter: str | None = None, modes: Sequence[str] = (),
+                   measured_drafter: bool = False):
     """The pipeline, with its own n-gram cache in memory: the home's store is opened only when
     asked for (--ngram-cache home, once per mode), so a bench never writes the user's state.
 
     The target loads on torch unless every mode in ``modes`` runs on llama.cpp: then nothing is
-    dequantized (a 1.5B GGUF would become 6 GB of fp32 weights that no mode uses)."""
+    dequantized (a 1.5B GGUF would become 6 GB of fp32 weights that no mode uses).
+
+    ``--drafter-backend auto`` with ``measured_drafter`` (the bench) runs the drafter where
+    ``generate`` and ``chat`` run it, the backend measured fastest here, so a bench measures what a
+    user gets; without it (the experiments, which study the trainer's own model) and with
+    ``--drafter-dtype`` it stays on eager torch."""
     from omnidraft.bench.runner import LLAMA_MODES
     from omnidraft.runtime import CacheOptions, load_pipeline
 
@@ -169,8 +176,39 @@ def load_for_bench(args: argparse.Namespace, adapter: str | None = None, modes: 
     return load_pipeline(args.target, args.drafter, dtype=args.dtype, device=args.device, drafter_dtype=args.drafter_dtype,
                          cache=CacheOptions(enabled=False), adapter=adapter or args.adapter,
                          engine=engine, remote=remote_options(args),
-                         # the plain modes keep the eager drafter unless told; the -onnx modes add the export
-                         drafter_backend="torch" if args.drafter_backend == "auto" else args.drafter_backend)
+                         drafter_backend=_backend_for_bench(args, measured_drafter))
+
+
+def _backend_for_bench(args: argparse.Namespace, measured_drafter: bool) -> str:
+    if args.drafter_backend != "auto":
+        return args.drafter_backend
+    return "auto" if measured_drafter and args.drafter_dtype is None else "torch"
+
+
+def assistant_model(args: argparse.Namespace, pipe, modes: Sequence[str]):
+    """The drafter as a torch model, for transformers' assisted modes (None where no mode needs one).
+
+    The pipeline's when its drafter runs on torch; else (a GGUF or ONNX backend holds no torch
+    model) the drafter loaded for them with its base weights, in the torch dtype that stepped fastest
+    when this home chose its backend, so transformers is compared at its best on this machine."""
+    from omnidraft.bench.runner import ASSISTED_MODES
+
+    if not any(m in ASSISTED_MODES for m in modes) or args.drafter == "none":
+        return None
+    if pipe.drafter_model is not None:
+        return pipe.drafter_model
+    from omnidraft import models
+    from omnidraft.runtime import convert_drafter, kept_drafter_choice
+
+    model, _ = models.load(args.drafter, dtype="float32", progress=False)
+    return convert_drafter(model, args.drafter_dtype or fastest_torch_dtype(kept_drafter_choice(args.drafter)))
+
+
+def fastest_torch_dtype(choice) -> str:
+    """float32 or bfloat16, whichever the backend choice timed faster (float32 without a record:
+    transformers' own default on a CPU)."""
+    steps = {m.dtype: m.ms_per_token for m in (choice.measures if choice else ()) if m.backend == "torch"}
+    return "bfloat16" if steps.get("bfloat16", math.inf) < steps.get("float32", math.inf) else "float32"
 
 
 def onnx_backend(drafter_backend: str) -> str:
@@ -248,7 +286,7 @@ def run(args: argparse.Namespace) -> int:
     if not records:
         raise OmnidraftError(f"--prompts {args.prompts} has no prompts at offset {args.offset}")
     args.out.mkdir(parents=True, exist_ok=True)  # a file in the way fails now, not after the run
-    pipe = load_for_bench(args, modes=modes)
+    pipe = load_for_bench(args, modes=modes, measured_drafter=True)
     prompts, turns = expand_turns(pipe.decoder.target, records, base)
     factory = _ngram_factory(args, pipe) if pipe.decoder.drafter is not None else None
     llama = _llama_target(args, pipe) if any(m in LLAMA_MODES for m in modes) else None
@@ -259,13 +297,14 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise OmnidraftError(str(exc)) from None
     fns = build_modes(pipe, modes, base, args.sample_temperature, llama=llama, onnx=onnx, gguf=gguf,
-                      base_drafter=plain, **({"ngrams_factory": factory} if factory else {}))
+                      base_drafter=plain, assistant=assistant_model(args, pipe, modes),
+                      **({"ngrams_factory": factory} if factory else {}))
     warm = encode_prompt(pipe.target_tokenizer, WARMUP_TEXT, chat=False)
     runs = run_bench(fns, prompts, warmup=warm[:16])
     summary = summarize(runs, baseline="server-stream" if "server-stream" in runs else "target")
     meta = run_meta(args, len(prompts)) | {"ngram_cache": args.ngram_cache, "cache_size": args.cache_size,
                                            "cache_policy": args.cache_policy or "lru", "freeze_cache": args.freeze_cache,
-                                           "engines": engines(args), "policy": policy_report(fns),
+                                           "engines": engines(args), "policy": policy_report(fns), "drafter_backend": pipe.drafter_backend,
                                            "adapter": pipe.adapter_slot.description if pipe.adapter_slot else "none"}
     if max(turns) > 1:  # a multi-turn set: which turn of its chat each prompt is
         meta["turns"] = turns
