@@ -6,8 +6,8 @@ The paper's ablations (n-gram cache, online distillation) are ``omnidraft experi
 from __future__ import annotations
 
 import argparse
-import math
 import itertools
+import math
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
