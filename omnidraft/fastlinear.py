@@ -8,10 +8,11 @@ case, where ``x @ W_t`` with a transposed copy of the LM head can beat ``F.linea
 
 Which kernel wins depends on the CPU (on one, F.linear is the fastest for two rows; on another a
 one-column product runs as a single-threaded GEMV and two rows are faster than one; the measured
-cases are in NOTES.md and docs/performance.md). So each (weight shape, rows) pair picks its kernel
-by timing the candidates once, on first use (:func:`_choose`); a one-row input may also run as two
-identical rows. :func:`keep_choices_at` keeps the choices in a file per machine, so that a later
-process (a one-shot ``omnidraft generate``) does not time them again on its first requests.
+cases are in NOTES.md and docs/performance.md). So each (weight shape, row class) pair picks its
+kernel by timing the candidates once (:func:`_choose`): on first use, or up front in a target's
+``warm_up``; a one-row input may also run as two identical rows. :func:`keep_choices_at` keeps the
+choices in a file per machine, so that a later process (a one-shot ``omnidraft generate``) does not
+time them again on its first requests.
 
 Same dtype, same weights, only the order of floating-point additions changes — as it does between
 any two GEMM kernels. The fast paths are active only inside :func:`enabled` (the decode engine
@@ -23,7 +24,7 @@ from __future__ import annotations
 import threading
 import time
 import types
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 
 import torch
@@ -106,6 +107,8 @@ def _native_kernels() -> list[Kernel]:
     return ([*_NATIVE] if kernels.linear_rows() is not None else []) + (
         [_native_512] if kernels.linear_rows_512() is not None else [])
 _NATIVE_MAX_ROWS = 16
+_PROMPT_CLASS = 32  # prompt reads of 17..32 rows share a choice, 33..SKINNY_MAX_ROWS another
+PROMPT_CLASSES = (_PROMPT_CLASS, SKINNY_MAX_ROWS)  # the row classes above a verify's (see rows_class)
 _COLD_BYTES = 128 * 2**20  # more than a CPU's last-level cache: weights read from memory, as in a decode step
 
 
@@ -121,13 +124,19 @@ def _timing_weights(layer: torch.nn.Linear, has_t: bool) -> list[torch.Tensor]:
     """Weights to time the candidates on, so that each call reads its weights from memory as a
     decode step does (a model's weights do not fit in cache; timed hot, a compute-bound kernel looks
     as fast as a memory-bound one, and the slower kernel would be chosen). A weight larger than the
-    cache is its own cold copy; a smaller one is timed on enough same-shaped copies, in turn, that
-    each call finds its copy evicted. A layer with a transposed copy, and a weight under 1 MiB (its
-    cost is small whatever the kernel), are timed on their own weight."""
+    cache is its own cold copy, and one larger than ``_COLD_BYTES`` (a large vocabulary's LM head:
+    671 MB for Gemma 3's) is timed on its leading rows up to that size, which stream from memory at
+    the same rate per row at a fraction of the timing's cost. A smaller one is timed on enough
+    same-shaped copies, in turn, that each call finds its copy evicted. A layer with a transposed copy
+    (its kernel reads that copy whole), and a weight under 1 MiB (its cost is small whatever the
+    kernel), are timed on their own weight."""
     weight = layer.weight
-    size = weight.numel() * weight.element_size()
-    if has_t or size >= _COLD_BYTES // 2 or size < 2**20:
+    row_bytes = weight.shape[1] * weight.element_size()
+    size = weight.shape[0] * row_bytes
+    if has_t or size < 2**20 or _COLD_BYTES // 2 <= size <= _COLD_BYTES:
         return [weight]
+    if size > _COLD_BYTES:
+        return [weight[: _COLD_BYTES // row_bytes]]  # leading rows: a contiguous view, nothing copied
     return [torch.ones_like(weight) for _ in range(min(64, -(-_COLD_BYTES // size)))]
 
 
@@ -139,11 +148,65 @@ def _kernels_by_name() -> dict[str, Kernel]:
     return {k.__name__: k for k in (_f_linear, _weights_first, _transposed, _two_rows, *_NATIVE, _native_512)}
 
 
+def rows_class(rows: int) -> int:
+    """The row count a choice is timed and kept for: each count a verify makes (up to the native
+    kernel's) has its own, while a short prompt's read (up to SKINNY_MAX_ROWS rows, one per distinct
+    prompt length) shares one of two classes, so that a chat's turns do not each time kernels anew."""
+    if rows <= _NATIVE_MAX_ROWS:
+        return rows
+    return _PROMPT_CLASS if rows <= _PROMPT_CLASS else SKINNY_MAX_ROWS
+
+
 def _key(weight_shape: torch.Size, rows: int, dtype: torch.dtype, has_t: bool) -> tuple:
-    """What a choice depends on within one machine: the product's shape and dtype, and the threads it
-    runs on (a server pinned to one core and a two-thread bench of the same home pick different
-    kernels: a multi-row product that splits well over two threads can lose on one)."""
-    return (*weight_shape, rows, dtype, has_t, torch.get_num_threads())
+    """What a choice depends on within one machine: the product's shape and dtype, its row class, and
+    the threads it runs on (a server pinned to one core and a two-thread bench of the same home pick
+    different kernels: a multi-row product that splits well over two threads can lose on one)."""
+    return (*weight_shape, rows_class(rows), dtype, has_t, torch.get_num_threads())
+
+
+def _distinct_layers(model: torch.nn.Module) -> list[torch.nn.Linear]:
+    """One fast-path Linear of each (weight shape, dtype, transposed copy) in ``model``: a choice
+    depends on nothing else, so timing one times them all."""
+    layers: dict[tuple, torch.nn.Linear] = {}
+    for m in model.modules():
+        if hasattr(m, "_omnidraft_keeps_t"):
+            layers.setdefault((*m.weight.shape, m.weight.dtype, m._omnidraft_keeps_t), m)
+    return list(layers.values())
+
+
+def untimed(model: torch.nn.Module, rows: Iterable[int]) -> list[tuple[torch.nn.Linear, int]]:
+    """(layer, row count) pairs of ``model`` whose kernel is not chosen yet, in this process or in
+    the kept file: what :func:`prepare` still has to time."""
+    return [(m, r) for m in _distinct_layers(model) for r in dict.fromkeys(rows_class(r) for r in rows)
+            if _key(m.weight.shape, r, m.weight.dtype, m._omnidraft_keeps_t) not in _CHOICE]
+
+
+def prepare(model: torch.nn.Module, rows: Iterable[int], progress: bool = False) -> int:
+    """Choose now the kernel of every fast-path Linear of ``model`` for each of ``rows`` not chosen
+    yet; returns how many choices were timed. Each distinct weight shape is timed once per row class,
+    on inputs of that many rows, with its cold copies made once for all of them. Left to first use
+    instead, each new row count costs the forward that meets it ~1-2 s: in a first run's benchmark,
+    the cost of timing and not of the loop."""
+    todo = untimed(model, rows)
+    if not todo:
+        return 0
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=len(todo), desc="timing the target's kernels (once per machine)", unit="shape",
+               disable=not progress, leave=False)
+    with torch.inference_mode():
+        for layer in dict.fromkeys(m for m, _ in todo):
+            has_t = _transposed_weight(layer) is not None
+            weights = _timing_weights(layer, has_t)
+            for m, r in todo:
+                if m is layer:
+                    flat = torch.randn(r, layer.in_features, dtype=layer.weight.dtype, device=layer.weight.device)
+                    _CHOICE[_key(layer.weight.shape, r, flat.dtype, has_t)] = _time_candidates(layer, flat, has_t, weights)
+                    bar.update()
+            del weights
+    bar.close()
+    _save_choices()
+    return len(todo)
 
 
 def _key_text(key: tuple) -> str:
@@ -194,27 +257,40 @@ def _save_choices() -> None:
 
 
 def _choose(layer: torch.nn.Linear, flat: torch.Tensor) -> Kernel:
-    """The fastest kernel for this weight shape and row count, timed once per process with the
-    weights cold (best of 3 after a warm-up; tens of ms per shape, paid on the first verify of each
-    draft length, or in ``warm_up``)."""
+    """The fastest kernel for this weight shape and row class, timed once per machine with the
+    weights cold (:func:`_time_candidates`; paid on the first read of each row class, or in a
+    target's ``warm_up``)."""
     has_t = _transposed_weight(layer) is not None
     key = _key(layer.weight.shape, flat.shape[0], flat.dtype, has_t)
     kernel = _CHOICE.get(key)
     if kernel is None:
-        candidates = _candidates(layer, flat, has_t)
-        weights = _timing_weights(layer, has_t)
-        for candidate in candidates:  # warm-up
-            candidate(layer, weights[0], flat)
-        timings = [float("inf")] * len(candidates)
-        for _ in range(3):  # best of 3, interleaved so a noisy moment does not pick one kernel's time
-            for i, candidate in enumerate(candidates):
-                start = time.perf_counter()
-                for weight in weights:
-                    candidate(layer, weight, flat)
-                timings[i] = min(timings[i], time.perf_counter() - start)
-        kernel = _CHOICE[key] = candidates[timings.index(min(timings))]
+        kernel = _CHOICE[key] = _time_candidates(layer, flat, has_t, _timing_weights(layer, has_t))
         _save_choices()
     return kernel
+
+
+_WARM_ROWS = 4096  # weight rows of a candidate's untimed first call
+_DROP_AFTER_FIRST = 1.3  # a candidate this much slower than the best in the first round is not timed again
+
+
+def _time_candidates(layer: torch.nn.Linear, flat: torch.Tensor, has_t: bool, weights: list[torch.Tensor]) -> Kernel:
+    """Best of 3 rounds after a warm-up, interleaved so that a noisy moment does not pick one
+    kernel's time. After the first round only the candidates within ``_DROP_AFTER_FIRST`` of the best
+    are timed again: a clear loser needs no second look, and each round reads the weights from
+    memory once per candidate (~1 s a round for a 262k-token LM head), so this halves a warm-up."""
+    candidates = _candidates(layer, flat, has_t)
+    for candidate in candidates:  # warm-up (lazy set-up, thread pools): a slice of the weight does
+        candidate(layer, weights[0][:_WARM_ROWS], flat)
+    timings = [float("inf")] * len(candidates)
+    timed = range(len(candidates))
+    for _ in range(3):
+        for i in timed:
+            start = time.perf_counter()
+            for weight in weights:
+                candidates[i](layer, weight, flat)
+            timings[i] = min(timings[i], time.perf_counter() - start)
+        timed = [i for i in timed if timings[i] <= _DROP_AFTER_FIRST * min(timings)]
+    return candidates[timings.index(min(timings))]
 
 
 def _skinny_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:

@@ -158,17 +158,12 @@ class CachedLM:
         self.cached_ids.extend(new)
         return out.logits[0]
 
-    def warm_up(self, max_rows: int) -> None:
-        """One forward of each row count 1..``max_rows`` after a short prefix, so that fastlinear
-        times its kernels now, while the machine is quiet, and not during the first requests: a
-        server's first verifies share the cores with its clients' drafters, and a kernel chosen
-        under that noise stays chosen for the process."""
-        ids = [1 + i % (self.vocab_size - 1) for i in range(4 + max_rows)]
-        for rows in range(1, max_rows + 1):
-            self.reset()
-            self.logits_for(ids[:4], 1)
-            self.logits_for(ids[: 4 + rows], rows)
-        self.reset()
+    def warm_up(self, max_rows: int, progress: bool = False) -> int:
+        """Time fastlinear's kernels now (``fastlinear.prepare``) for every verify of 1..``max_rows``
+        rows and for short prompt reads, where no choice is kept yet. Timed during requests instead,
+        a first run's benchmark measures the timing, and a server's first verifies would share the
+        cores with its clients' drafters: a kernel chosen under that noise stays chosen."""
+        return fastlinear.prepare(self.model, [*range(1, max_rows + 1), *fastlinear.PROMPT_CLASSES], progress)
 
     @torch.inference_mode()
     def step(self, token: int) -> torch.Tensor:

@@ -38,8 +38,9 @@ from omnidraft.home import home_dir
 from omnidraft.kv import output_vocab_size
 from omnidraft.ngram.trie import NgramCache, NgramTrie
 from omnidraft.sources.history import LookupHistory, open_history
+from omnidraft.sources.lookup import LOOKUP_MAX
 from omnidraft.target import Target, static
-from omnidraft.target.torch_target import torch_target
+from omnidraft.target.torch_target import TorchTarget, torch_target
 from omnidraft.vocab.bridge import VocabBridge
 from omnidraft.identity import pair_slug, vocab_fingerprint
 
@@ -155,7 +156,22 @@ def load_target(spec: str, engine: str = "auto", *, home=None, dtype: str | None
         return LlamaCppTarget(gguf, tokenizer), None, engine
     model, tokenizer = models.load(spec, home=home, dtype=dtype, progress=not quiet)
     fastlinear.keep_choices_at(models.models_dir(home) / "costs" / "kernels.json", cost_machine())
-    return torch_target(model, tokenizer, device, context or static.DEFAULT_CONTEXT, batch), model, engine
+    target = torch_target(model, tokenizer, device, context or static.DEFAULT_CONTEXT, batch)
+    if device != "cuda" and batch == 1:
+        time_kernels(target, quiet)
+    return target, model, engine
+
+
+def time_kernels(target: TorchTarget, quiet: bool = False) -> None:
+    """Choose the eager CPU engine's kernels for every verify a request can make (up to a lookup
+    draft's length) before the first request, once per home and CPU: a fresh home's first requests
+    would otherwise pay it in their verifies (~1-2 s each new row count), and the cost policy would
+    learn those verifies' times as V."""
+    start = time.perf_counter()
+    timed = target.warm_up(LOOKUP_MAX, progress=not quiet)
+    if timed and not quiet:
+        notice(f"timed the target's kernels for {timed} shapes in {time.perf_counter() - start:.0f} s "
+               "(once for this home and CPU)")
 
 
 def make_drafter(drafter_model: torch.nn.Module, bridge: VocabBridge, target: Target, dtype: str = "float32") -> Drafter:

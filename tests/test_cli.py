@@ -134,3 +134,28 @@ def test_experiment_sampling_reports_every_rule_and_the_slrs_cost(tmp_path, cli)
     for row in ("| tli |", "| slrs (lookahead 1) |", "| rdk τ=0.25 |", "| rdk τ=1 |", "| rdk eq. (3) |", "| text-sample (q = δ) |"):
         assert row in text
     assert "over 6 positions" in text and "| 4 |" in text  # the SLRS cost table reaches lookahead 4
+
+
+@pytest.mark.real
+def test_a_torch_target_times_its_kernels_when_it_loads_not_in_its_requests(cli, real_models, tmp_path, monkeypatch):
+    """A fresh home's first requests used to time fastlinear's kernels in their verifies (~1-2 s per
+    new row count), so a first run's bench measured the timing as the loop's cost."""
+    from omnidraft import fastlinear
+    from omnidraft.sources.lookup import LOOKUP_MAX
+
+    monkeypatch.setattr(fastlinear, "_CHOICE", {})  # as in a new process on a fresh home
+    monkeypatch.setattr(fastlinear, "_kept", {})
+    timing, time_candidates = [], fastlinear._time_candidates
+    monkeypatch.setattr(fastlinear, "_time_candidates", lambda *a: timing.append(fastlinear.active()) or time_candidates(*a))
+    target = "builtin:qwen2.5-coder-0.5b"
+    proc = cli("generate", "--engine", "torch", "--target", target, "--drafter", "none", "--prompt", "def fib(n):",
+               "--max-new-tokens", "8", home=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "timed the target's kernels" in proc.stderr
+    assert fastlinear.untimed(real_models(target)[0], range(1, fastlinear.SKINNY_MAX_ROWS + 1)) == []
+    assert timing and not any(timing)  # every choice was timed at load, none inside a request's forward
+    assert len(timing) == len(json.loads((tmp_path / "models" / "costs" / "kernels.json").read_text())["choices"])
+    assert LOOKUP_MAX + 1 <= fastlinear.SKINNY_MAX_ROWS  # the longest verify is among the rows timed
+    again = cli("generate", "--engine", "torch", "--target", target, "--drafter", "none", "--prompt", "def fib(n):",
+                "--max-new-tokens", "8", home=tmp_path)
+    assert again.returncode == 0 and "timed the target's kernels" not in again.stderr

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -215,3 +217,58 @@ def test_a_kernels_build_tag_covers_the_headers_it_includes():
     header = (Path(kernels.__file__).parent / "skinny_common.h").read_bytes()
     for name in ("skinny", "skinny512"):
         assert header in kernels._source_bytes(kernels.EXTENSIONS[name][0])
+
+
+def test_prompt_reads_share_row_classes_and_verifies_keep_their_own():
+    """A chat's turns read prompts of every length up to 64 rows: each length timing its own kernels
+    cost a turn ~1-2 s; verifies (up to the native kernel's 16 rows) keep a choice per count."""
+    assert [fastlinear.rows_class(r) for r in (1, 2, 16)] == [1, 2, 16]
+    assert {fastlinear.rows_class(r) for r in range(17, 33)} == {32}
+    assert {fastlinear.rows_class(r) for r in range(33, fastlinear.SKINNY_MAX_ROWS + 1)} == {fastlinear.SKINNY_MAX_ROWS}
+    assert fastlinear._key((50, 32), 20, torch.float32, False) == fastlinear._key((50, 32), 31, torch.float32, False)
+
+
+def test_prepare_times_every_row_class_once_so_forwards_time_nothing(tmp_path, monkeypatch):
+    monkeypatch.setattr(fastlinear, "_CHOICE", {})
+    monkeypatch.setattr(fastlinear, "_kept", {})
+    fastlinear.keep_choices_at(tmp_path / "kernels.json", "cpu A")
+    model = fastlinear.install(Tiny(), transposed_head=True)
+    rows = [1, 2, 3, 20, 40]
+    assert len(fastlinear.untimed(model, rows)) == 2 * 5  # two shapes, five classes
+    assert fastlinear.prepare(model, rows) == 10 and fastlinear.untimed(model, rows) == []
+    assert len(json.loads((tmp_path / "kernels.json").read_text())["choices"]) == 10
+    assert fastlinear.prepare(model, rows) == 0
+    monkeypatch.setattr(fastlinear, "_time_candidates", lambda *a: pytest.fail("timed during a forward"))
+    with fastlinear.enabled():
+        for r in (1, 2, 3, 17, 25, 33, 64):  # 17..64: the prompt classes 20 and 40 stood for
+            model(torch.randn(1, r, 16))
+
+
+def test_a_weight_larger_than_the_cold_size_is_timed_on_its_leading_rows(monkeypatch):
+    """Gemma 3's 671 MB LM head, timed whole for every row count, made a warm-up take ~40 s."""
+    monkeypatch.setattr(fastlinear, "_COLD_BYTES", 50 * 2**20)
+    layer = torch.nn.Linear(1024, 64 * 1024, bias=False)  # 256 MiB
+    (view,) = fastlinear._timing_weights(layer, has_t=False)
+    assert view.shape == (50 * 256, 1024) and view.data_ptr() == layer.weight.data_ptr() and view.is_contiguous()
+    medium = torch.nn.Linear(1024, 8 * 1024, bias=False)  # 32 MiB: more than half the cold size, its own copy
+    assert fastlinear._timing_weights(medium, has_t=False)[0] is medium.weight
+    small = fastlinear._timing_weights(torch.nn.Linear(1024, 1024, bias=False), has_t=False)  # 4 MiB: copies
+    assert len(small) == 13 and all(w.shape == (1024, 1024) for w in small)
+
+
+def test_a_clear_loser_is_timed_in_the_first_round_only(monkeypatch):
+    calls = {"fast": 0, "slow": 0}
+
+    def kernel(name, seconds):
+        def run(layer, weight, flat):
+            calls[name] += 1
+            time.sleep(seconds)
+            return flat
+        run.__name__ = name
+        return run
+
+    fast, slow = kernel("fast", 0.001), kernel("slow", 0.02)
+    monkeypatch.setattr(fastlinear, "_candidates", lambda *a: [slow, fast])
+    layer = torch.nn.Linear(8, 8)
+    assert fastlinear._time_candidates(layer, torch.randn(2, 8), False, [layer.weight]) is fast
+    assert calls == {"fast": 4, "slow": 2}  # warm-up and round 1; fast: all three rounds

@@ -77,9 +77,14 @@ class TorchTarget:
         last token of a request must be read again by the next, in the class the target alone reads it."""
         self.lm.crop(length)
 
-    def warm_up(self, max_proposals: int) -> None:
-        """Prepare the kernels of every draft length up to ``max_proposals`` before requests arrive."""
+    def warm_up(self, max_proposals: int, progress: bool = False) -> int:
+        """Prepare the kernels of every draft length up to ``max_proposals`` before requests arrive:
+        on the CPU's eager engine, returns how many kernel choices were timed (``progress``: with a
+        bar); a GPU engine captures its graphs instead (0)."""
+        if isinstance(self.lm, CachedLM):
+            return self.lm.warm_up(max_proposals + 1, progress)
         self.lm.warm_up(max_proposals + 1)
+        return 0
 
 
 def torch_target(model: torch.nn.Module, tokenizer, device: str = "cpu",
