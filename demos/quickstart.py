@@ -17,7 +17,8 @@ omnidraft's native forward or on llama.cpp, eager torch, or an ONNX export, meas
 and CPU); the header of each case says which, and the policy line its cost per token inside the loop.
 
 Speeds are medians of ``TIMED_RUNS`` runs of each prompt, the target alone and with the drafter in
-turn (a one-second run on a shared machine varies by 10% from one run to the next). Every run reads
+turn, in the order A B B A A B (a one-second run on a shared machine varies by 10% from one run to the
+next, and a host whose speed drifts during the demo would otherwise favour whichever arm runs first). Every run reads
 its prompt afresh: the two share the target engine and the drafter, whose caches would otherwise hand
 the second of them the prompt already read. The output shown
 is the first run's; the later runs draft without the lookup history (they would copy the first run's
@@ -80,11 +81,14 @@ def run_case(target_spec: str, engine: str, prompts: list[tuple[str, bool]], con
         s = spec.stats
         alone_speeds, spec_speeds = [base.stats.tokens_per_s], [s.tokens_per_s]
         again = _rerun_decoder(pipe.decoder)
-        for _ in range(TIMED_RUNS - 1):
-            alone_speeds.append(_cold(alone).generate(ids, config).stats.tokens_per_s)
-            rerun = _cold(again).generate(ids, config)
-            identical &= rerun.token_ids == base.token_ids
-            spec_speeds.append(rerun.stats.tokens_per_s)
+        for run in range(1, TIMED_RUNS):
+            for arm in ("spec", "alone") if run % 2 else ("alone", "spec"):  # ABBA: a drifting host favours neither
+                if arm == "alone":
+                    alone_speeds.append(_cold(alone).generate(ids, config).stats.tokens_per_s)
+                    continue
+                rerun = _cold(again).generate(ids, config)
+                identical &= rerun.token_ids == base.token_ids
+                spec_speeds.append(rerun.stats.tokens_per_s)
         alone_speed, spec_speed = statistics.median(alone_speeds), statistics.median(spec_speeds)
         print(f"\n--- prompt: {text.splitlines()[0]!r}{' (chat)' if chat else ''}")
         print(spec.text.strip())
