@@ -192,7 +192,7 @@ def prepare(model: torch.nn.Module, rows: Iterable[int], progress: bool = False)
         return 0
     from tqdm.auto import tqdm
 
-    bar = tqdm(total=len(todo), desc="timing the target's kernels (once per machine)", unit="shape",
+    bar = tqdm(total=len(todo), desc="timing kernels (once per machine)", unit="shape",
                disable=not progress, leave=False)
     with torch.inference_mode():
         for layer in dict.fromkeys(m for m, _ in todo):

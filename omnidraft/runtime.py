@@ -158,19 +158,19 @@ def load_target(spec: str, engine: str = "auto", *, home=None, dtype: str | None
     fastlinear.keep_choices_at(models.models_dir(home) / "costs" / "kernels.json", cost_machine())
     target = torch_target(model, tokenizer, device, context or static.DEFAULT_CONTEXT, batch)
     if device != "cuda" and batch == 1:
-        time_kernels(target, quiet)
+        time_kernels(target, "target", quiet)
     return target, model, engine
 
 
-def time_kernels(target: TorchTarget, quiet: bool = False) -> None:
-    """Choose the eager CPU engine's kernels for every verify a request can make (up to a lookup
-    draft's length) before the first request, once per home and CPU: a fresh home's first requests
-    would otherwise pay it in their verifies (~1-2 s each new row count), and the cost policy would
-    learn those verifies' times as V."""
+def time_kernels(engine: TorchTarget | TorchDraftLM, what: str, quiet: bool = False) -> None:
+    """Choose an eager CPU engine's kernels before the first request, once per home and CPU: for every
+    read up to a lookup draft's verify and the longer read classes. A fresh home's first requests
+    would otherwise pay it in their forwards (~1-2 s each new row count), and the cost policy would
+    learn those forwards' times as the target's V and the drafter's d."""
     start = time.perf_counter()
-    timed = target.warm_up(LOOKUP_MAX, progress=not quiet)
+    timed = engine.warm_up(LOOKUP_MAX, progress=not quiet)
     if timed and not quiet:
-        notice(f"timed the target's kernels for {timed} shapes in {time.perf_counter() - start:.0f} s "
+        notice(f"timed the {what}'s kernels for {timed} shapes in {time.perf_counter() - start:.0f} s "
                "(once for this home and CPU)")
 
 
@@ -277,6 +277,8 @@ def load_pipeline(target_spec: str, drafter_spec: str | None, *, home=None, dtyp
         vocab, arch, backend = output_vocab_size(drafter_model), adapters.architecture_fingerprint(drafter_model), drafter_dtype
         drafter_model = convert_drafter(drafter_model, drafter_dtype)  # after the fingerprint: int8 hides the weights
         lm = TorchDraftLM(drafter_model, drafter_dtype)
+        fastlinear.keep_choices_at(models.models_dir(home) / "costs" / "kernels.json", cost_machine())
+        time_kernels(lm, "drafter", quiet)
     bridge = VocabBridge(drafter_tok, target_tok, vocab, target.vocab_size)
     if bridge.intersection_size == 0:
         raise OmnidraftError(f"{drafter_spec} and {target_spec} share no token: nothing can be drafted")

@@ -159,3 +159,10 @@ def test_a_torch_target_times_its_kernels_when_it_loads_not_in_its_requests(cli,
     again = cli("generate", "--engine", "torch", "--target", target, "--drafter", "none", "--prompt", "def fib(n):",
                 "--max-new-tokens", "8", home=tmp_path)
     assert again.returncode == 0 and "timed the target's kernels" not in again.stderr
+    timing.clear()  # a torch drafter times its own the same way: its prompt read and steps time nothing
+    drafted = cli("generate", "--engine", "torch", "--target", target, "--drafter-backend", "torch", "--drafter-dtype",
+                  "float32", "--prompt", "def fib(n):", "--max-new-tokens", "8", "--draft-stop", "fixed", "--draft-len", "4",
+                  "--no-lookup", home=tmp_path)
+    assert drafted.returncode == 0, drafted.stderr
+    assert "timed the drafter's kernels" in drafted.stderr and "timed the target's kernels" not in drafted.stderr
+    assert timing and not any(timing)

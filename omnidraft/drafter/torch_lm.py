@@ -60,6 +60,11 @@ class TorchDraftLM:
     def reset(self) -> None:
         self.cached.reset()
 
+    def warm_up(self, max_rows: int, progress: bool = False) -> int:
+        """Time the kernels of every read of 1..``max_rows`` rows and of the longer read classes now
+        (``CachedLM.warm_up``): a draft's steps, a prompt's read, the appends after plain steps."""
+        return self.cached.warm_up(max_rows, progress)
+
     @property
     def has_adapter(self) -> bool:
         """An adapter is merged into the weights now (a fork would copy it)."""
