@@ -194,16 +194,18 @@ def prepare(model: torch.nn.Module, rows: Iterable[int], progress: bool = False)
 
     bar = tqdm(total=len(todo), desc="timing kernels (once per machine)", unit="shape",
                disable=not progress, leave=False)
+    counts: dict[torch.nn.Linear, list[int]] = {}
+    for layer, r in todo:
+        counts.setdefault(layer, []).append(r)
     with torch.inference_mode():
-        for layer in dict.fromkeys(m for m, _ in todo):
+        for layer, rows_todo in counts.items():
             has_t = _transposed_weight(layer) is not None
             weights = _timing_weights(layer, has_t)
-            for m, r in todo:
-                if m is layer:
-                    flat = torch.randn(r, layer.in_features, dtype=layer.weight.dtype, device=layer.weight.device)
-                    _CHOICE[_key(layer.weight.shape, r, flat.dtype, has_t)] = _time_candidates(layer, flat, has_t, weights)
-                    bar.update()
-            del weights
+            for r in rows_todo:
+                flat = torch.randn(r, layer.in_features, dtype=layer.weight.dtype, device=layer.weight.device)
+                _CHOICE[_key(layer.weight.shape, r, flat.dtype, has_t)] = _time_candidates(layer, flat, has_t, weights)
+                bar.update()
+            del weights  # before the next shape's copies are made: one shape's 128 MB at a time
     bar.close()
     _save_choices()
     return len(todo)

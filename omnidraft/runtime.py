@@ -155,18 +155,19 @@ def load_target(spec: str, engine: str = "auto", *, home=None, dtype: str | None
         tokenizer = models.load_tokenizer(spec, home, progress=not quiet)
         return LlamaCppTarget(gguf, tokenizer), None, engine
     model, tokenizer = models.load(spec, home=home, dtype=dtype, progress=not quiet)
-    fastlinear.keep_choices_at(models.models_dir(home) / "costs" / "kernels.json", cost_machine())
     target = torch_target(model, tokenizer, device, context or static.DEFAULT_CONTEXT, batch)
-    if device != "cuda" and batch == 1:
-        time_kernels(target, "target", quiet)
+    if device != "cuda" and batch == 1:  # the eager CPU engine: the one on fastlinear's kernels
+        time_kernels(target, "target", home, quiet)
     return target, model, engine
 
 
-def time_kernels(engine: TorchTarget | TorchDraftLM, what: str, quiet: bool = False) -> None:
-    """Choose an eager CPU engine's kernels before the first request, once per home and CPU: for every
-    read up to a lookup draft's verify and the longer read classes. A fresh home's first requests
-    would otherwise pay it in their forwards (~1-2 s each new row count), and the cost policy would
-    learn those forwards' times as the target's V and the drafter's d."""
+def time_kernels(engine: TorchTarget | TorchDraftLM, what: str, home=None, quiet: bool = False) -> None:
+    """Choose an eager CPU engine's kernels before the first request, once per home and CPU (the
+    choices are kept in the home): for every read up to a lookup draft's verify and the longer read
+    classes. A fresh home's first requests would otherwise pay it in their forwards (~1-2 s each new
+    row count), and the cost policy would learn those forwards' times as the target's V and the
+    drafter's d."""
+    fastlinear.keep_choices_at(models.models_dir(home) / "costs" / "kernels.json", cost_machine())
     start = time.perf_counter()
     timed = engine.warm_up(LOOKUP_MAX, progress=not quiet)
     if timed and not quiet:
@@ -277,8 +278,7 @@ def load_pipeline(target_spec: str, drafter_spec: str | None, *, home=None, dtyp
         vocab, arch, backend = output_vocab_size(drafter_model), adapters.architecture_fingerprint(drafter_model), drafter_dtype
         drafter_model = convert_drafter(drafter_model, drafter_dtype)  # after the fingerprint: int8 hides the weights
         lm = TorchDraftLM(drafter_model, drafter_dtype)
-        fastlinear.keep_choices_at(models.models_dir(home) / "costs" / "kernels.json", cost_machine())
-        time_kernels(lm, "drafter", quiet)
+        time_kernels(lm, "drafter", home, quiet)
     bridge = VocabBridge(drafter_tok, target_tok, vocab, target.vocab_size)
     if bridge.intersection_size == 0:
         raise OmnidraftError(f"{drafter_spec} and {target_spec} share no token: nothing can be drafted")
