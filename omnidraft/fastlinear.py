@@ -21,6 +21,8 @@ turns it on), so a model shared with plain transformers ``generate`` runs stock 
 
 from __future__ import annotations
 
+import itertools
+
 import threading
 import time
 import types
@@ -176,7 +178,7 @@ def _distinct_layers(model: torch.nn.Module) -> list[torch.nn.Linear]:
 
 def untimed(model: torch.nn.Module, rows: Iterable[int]) -> list[tuple[torch.nn.Linear, int]]:
     """(layer, row count) pairs of ``model`` whose kernel is not chosen yet, in this process or in
-    the kept file: what :func:`prepare` still has to time."""
+    the kept file: what :func:`prepare` still has to time, layer by layer."""
     return [(m, r) for m in _distinct_layers(model) for r in dict.fromkeys(rows_class(r) for r in rows)
             if _key(m.weight.shape, r, m.weight.dtype, m._omnidraft_keeps_t) not in _CHOICE]
 
@@ -194,14 +196,11 @@ def prepare(model: torch.nn.Module, rows: Iterable[int], progress: bool = False)
 
     bar = tqdm(total=len(todo), desc="timing kernels (once per machine)", unit="shape",
                disable=not progress, leave=False)
-    counts: dict[torch.nn.Linear, list[int]] = {}
-    for layer, r in todo:
-        counts.setdefault(layer, []).append(r)
     with torch.inference_mode():
-        for layer, rows_todo in counts.items():
+        for layer, pairs in itertools.groupby(todo, key=lambda pair: pair[0]):
             has_t = _transposed_weight(layer) is not None
             weights = _timing_weights(layer, has_t)
-            for r in rows_todo:
+            for _, r in pairs:
                 flat = torch.randn(r, layer.in_features, dtype=layer.weight.dtype, device=layer.weight.device)
                 _CHOICE[_key(layer.weight.shape, r, flat.dtype, has_t)] = _time_candidates(layer, flat, has_t, weights)
                 bar.update()
