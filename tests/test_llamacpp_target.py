@@ -6,8 +6,10 @@ patch's threshold), a rollback equals a fresh eval, and bad input is one line.""
 from __future__ import annotations
 
 import os
+import platform
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -160,7 +162,7 @@ def test_batched_rows_match_one_token_rows(loaded):
     rows_total = flips = 0
     for text in PROMPTS[loaded.spec][:2]:
         ids = loaded.encode(text + " and then, as everyone expected, it went on")
-        for m in (3, 8):
+        for m in (1, 2, 3, 6, 8):  # 2-9 rows: the multi-row kernels' groups of 4 and every remainder
             split = len(ids) - m
             t.reset()
             t.score(ids[:split], 0)
@@ -181,6 +183,9 @@ def test_batch_invariance_comes_from_the_patched_build(loaded):
         "scripts/setup.sh installs llama.cpp with the patched llamafile"
     assert loaded.target.batch_invariant  # on by default where the build allows it
     assert loaded.target.logit_batch == llamacpp.TINYBLAS_MIN_ROWS - 1
+    # the multi-row kernels, which the rows above went through, are built wherever x86 has AVX2
+    avx2 = " avx2" in Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else False
+    assert llamacpp._PATCH_LEVEL == (2 if avx2 and platform.machine() in ("x86_64", "AMD64") else 1)
 
 
 @pytest.mark.real
