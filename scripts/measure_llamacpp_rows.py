@@ -26,7 +26,7 @@ from omnidraft import models
 from omnidraft.target import llamacpp
 from omnidraft.target.llamacpp import LlamaCppTarget
 
-SPECS = {"qwen": "builtin:qwen2.5-coder-0.5b", "gemma": "builtin:gemma3-270m"}
+SPECS = {"qwen": "builtin:qwen2.5-coder-0.5b", "gemma": "builtin:gemma3-270m", "qwen1.5b": "builtin:qwen2.5-coder-1.5b"}
 
 
 def median_ms(fn, n: int) -> float:
@@ -79,4 +79,4 @@ def main(names: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:] or list(SPECS))
+    main(sys.argv[1:] or ["qwen", "gemma"])

@@ -3,8 +3,8 @@
 Two edits, both to ggml's CPU backend:
 
 1. llamafile's sgemm: a threshold that keeps small batches on ggml's one-token kernels (below).
-2. Multi-row kernels (``scripts/llamacpp_cols.c``, x86 with AVX2): a product of Q5_0 or Q8_0 weights
-   with 2-31 activation rows unpacks each weight block once for up to four rows, where ggml's one-row
+2. Multi-row kernels (``scripts/llamacpp_cols.c``, x86 with AVX2): a product of Q5_0, Q8_0, Q4_K or
+   Q6_K weights with 2-31 activation rows unpacks each weight block once for up to four rows, where ggml's one-row
    ``vec_dot`` unpacks it for every row again. Each row's sum takes ``vec_dot``'s operations in
    ``vec_dot``'s order, so the rows are bit for bit what a one-token eval gives; on a small CPU,
    where those evals are bound by instructions, each verified row then costs a fraction of a step
@@ -19,8 +19,8 @@ The patch adds one threshold, read once from ``GGML_LLAMAFILE_MIN_ROWS``: tinyBL
 at least that many rows. omnidraft's llama.cpp target sets it, evaluates the rows it needs logits for
 in batches below it (one-token arithmetic) and reads the rest of a prompt in larger
 batches (tinyBLAS). Unset, llama.cpp behaves as released. The exported
-``ggml_cpu_llamafile_min_rows()`` and ``ggml_cpu_omnidraft_patch()`` (2: with the multi-row kernels)
-let the target check which edits its build carries.
+``ggml_cpu_llamafile_min_rows()``, ``ggml_cpu_omnidraft_patch()`` (this script's version) and
+``ggml_cpu_omnidraft_multi_row()`` let the target, and the set-up, check what a build carries.
 
 Usage: ``python scripts/patch_llamacpp.py <llama-cpp-python source dir>`` (idempotent), or
 ``python scripts/patch_llamacpp.py --installed``: exit status 0 when the installed build is patched.
@@ -74,18 +74,26 @@ COLS_DECL = """#if defined(__AVX2__)  // omnidraft: one weight row against up to
 int omnidraft_cols_enabled(void);
 void omnidraft_vec_dot_q5_0_q8_0_cols(int n, int nc, float * GGML_RESTRICT s, size_t bs, const void * GGML_RESTRICT vx, const void * GGML_RESTRICT vy, size_t by);
 void omnidraft_vec_dot_q8_0_q8_0_cols(int n, int nc, float * GGML_RESTRICT s, size_t bs, const void * GGML_RESTRICT vx, const void * GGML_RESTRICT vy, size_t by);
+void omnidraft_vec_dot_q4_K_q8_K_cols(int n, int nc, float * GGML_RESTRICT s, size_t bs, const void * GGML_RESTRICT vx, const void * GGML_RESTRICT vy, size_t by);
+void omnidraft_vec_dot_q6_K_q8_K_cols(int n, int nc, float * GGML_RESTRICT s, size_t bs, const void * GGML_RESTRICT vx, const void * GGML_RESTRICT vy, size_t by);
 #endif
 """
 MATMUL_ANCHOR = "    // block-tiling attempt\n    const int64_t blck_0 = 16;\n"
-# A 2-D product of Q5_0 or Q8_0 weights with 2+ activation rows takes the multi-row kernels: each weight
+# A 2-D product of Q5_0, Q8_0, Q4_K or Q6_K weights with 2+ activation rows takes the multi-row kernels: each weight
 # row (in the cache for the whole sweep) against the chunk's activation rows, four at a time.
 MATMUL_COLS = """#if defined(OMNIDRAFT_VEC_DOT_COLS)  // omnidraft (scripts/llamacpp_cols.c): bit for bit vec_dot's rows
     {
-        void (*const cols)(int, int, float *, size_t, const void *, const void *, size_t) =
-            type == GGML_TYPE_Q5_0 ? omnidraft_vec_dot_q5_0_q8_0_cols :
-            type == GGML_TYPE_Q8_0 ? omnidraft_vec_dot_q8_0_q8_0_cols : NULL;
-        if (cols != NULL && omnidraft_cols_enabled() && vec_dot_type == GGML_TYPE_Q8_0 && num_rows_per_vec_dot == 1 && ir1_end - ir1_start > 1 &&
-                ne02 == 1 && ne03 == 1 && ne12 == 1 && ne13 == 1 && nb0 == sizeof(float)) {
+        void (*cols)(int, int, float *, size_t, const void *, const void *, size_t) = NULL;
+        enum ggml_type cols_type = GGML_TYPE_Q8_0;  // the activations' type each kernel reads
+        switch (type) {
+            case GGML_TYPE_Q5_0: cols = omnidraft_vec_dot_q5_0_q8_0_cols; break;
+            case GGML_TYPE_Q8_0: cols = omnidraft_vec_dot_q8_0_q8_0_cols; break;
+            case GGML_TYPE_Q4_K: cols = omnidraft_vec_dot_q4_K_q8_K_cols; cols_type = GGML_TYPE_Q8_K; break;
+            case GGML_TYPE_Q6_K: cols = omnidraft_vec_dot_q6_K_q8_K_cols; cols_type = GGML_TYPE_Q8_K; break;
+            default: break;
+        }
+        if (cols != NULL && omnidraft_cols_enabled() && vec_dot_type == cols_type && num_rows_per_vec_dot == 1 &&
+                ir1_end - ir1_start > 1 && ne02 == 1 && ne03 == 1 && ne12 == 1 && ne13 == 1 && nb0 == sizeof(float)) {
             const size_t col_stride = src1_cont || src1->type != vec_dot_type ? row_size : (size_t) nb11;
             for (int64_t ir0 = ir0_start; ir0 < ir0_end; ++ir0) {
                 const char * w = (const char *) src0->data + ir0 * nb01;
@@ -100,24 +108,28 @@ MATMUL_COLS = """#if defined(OMNIDRAFT_VEC_DOT_COLS)  // omnidraft (scripts/llam
 #endif
 
 """
-# what `installed` looks for beside MARK: a build with the second edit (exported on every CPU)
+# what `installed` looks for beside MARK: this version of the edits (exported on every CPU), so a build
+# from an earlier version of this script is built again
 VERSION_MARK = "ggml_cpu_omnidraft_patch"
-VERSION_EXPORT = """
-// omnidraft: which of scripts/patch_llamacpp.py's edits this build carries: 2 with the multi-row kernels
-// (x86 with AVX2), 1 without them (another CPU: its one-row kernels, as released)
+PATCH_VERSION = 2  # 1: the tinyBLAS threshold only (no VERSION_MARK); 2: the multi-row kernels too
+VERSION_EXPORT = f"""
+// omnidraft: which version of scripts/patch_llamacpp.py's edits this build carries, and whether it has
+// the multi-row kernels (x86 with AVX2; another CPU keeps its one-row kernels, as released)
 int ggml_cpu_omnidraft_patch(void);
+int ggml_cpu_omnidraft_multi_row(void);
 #if defined(_WIN32)
-__declspec(dllexport)
+#define OMNIDRAFT_EXPORT __declspec(dllexport)
 #else
-__attribute__((visibility("default")))
+#define OMNIDRAFT_EXPORT __attribute__((visibility("default")))
 #endif
-int ggml_cpu_omnidraft_patch(void) {
+OMNIDRAFT_EXPORT int ggml_cpu_omnidraft_patch(void) {{ return {PATCH_VERSION}; }}
+OMNIDRAFT_EXPORT int ggml_cpu_omnidraft_multi_row(void) {{
 #if defined(OMNIDRAFT_VEC_DOT_COLS)
-    return 2;
-#else
     return 1;
+#else
+    return 0;
 #endif
-}
+}}
 """
 
 
@@ -173,7 +185,8 @@ def installed() -> bool:
     for lib in Path(low._base_path).glob("*ggml-cpu*"):
         try:
             cpu = ctypes.CDLL(str(lib))
-            if hasattr(cpu, MARK) and hasattr(cpu, VERSION_MARK):
+            if (hasattr(cpu, MARK) and hasattr(cpu, VERSION_MARK) and hasattr(cpu, "ggml_cpu_omnidraft_multi_row")
+                    and cpu.ggml_cpu_omnidraft_patch() == PATCH_VERSION):
                 return True
         except OSError:
             continue

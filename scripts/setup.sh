@@ -23,7 +23,10 @@ PATH="$PWD/.venv/bin:$PATH" .venv/bin/python -m omnidraft.kernels
 #   the target's own one-token decode at a near-tie. The patch lets a process keep tinyBLAS for large
 #   evals only: omnidraft's target reads prompts with it and evaluates every row it needs logits for
 #   with the one-token arithmetic, so greedy speculative output is identical to llama.cpp's own and
-#   prompts are read at llamafile's speed (omnidraft/target/llamacpp.py; docs/performance.md).
+#   prompts are read at llamafile's speed (omnidraft/target/llamacpp.py; docs/performance.md). On
+#   x86 with AVX2 it also adds multi-row kernels (scripts/llamacpp_cols.c) that compute those rows
+#   with the same arithmetic at a fraction of the cost each. A build from an older version of the
+#   patch is built again.
 # - no AMX kernels on x86-64: on Sapphire Rapids CPUs they repack the Q4_K/Q8_0 weights of the builtin
 #   models and crash in the first eval (ggml_backend_amx_mul_mat, llama.cpp issue 20824).
 # - LLAVA_BUILD=OFF: the multimodal library is never used (a shorter build).

@@ -75,7 +75,7 @@ def test_the_multi_row_kernels_go_in_once_and_before_ggmls_tiles(tmp_path):
     matmul = paths[patcher.MATMUL].read_text()
     fast = matmul.index("omnidraft_cols_enabled()")
     assert matmul.index("assert(ne13 % ne03 == 0);") < fast < matmul.index(patcher.MATMUL_ANCHOR)  # its locals exist
-    assert matmul.count(patcher.VERSION_MARK + "(void) {") == 1
+    assert matmul.count(f"int {patcher.VERSION_MARK}(void) {{ return {patcher.PATCH_VERSION}; }}") == 1
     before = {rel: p.read_text() for rel, p in paths.items()}
     assert patcher.patch(tmp_path) is False
     assert {rel: p.read_text() for rel, p in paths.items()} == before  # idempotent

@@ -64,11 +64,10 @@ _LOG_CALLBACK = None  # the ctypes callback must outlive every call into llama.c
 _BACKEND_READY = False
 _HAS_LLAMAFILE: bool | None = None
 _TINYBLAS_MIN_ROWS = 0  # what the loaded build reports (0: no patch, tinyBLAS from 2 rows if it has llamafile)
-# Which of scripts/patch_llamacpp.py's edits the loaded build carries: 0 none (or only the tinyBLAS
-# threshold, which predates this mark), 1 all that apply to this CPU, 2 also the multi-row Q5_0/Q8_0
-# kernels (x86 with AVX2; scripts/llamacpp_cols.c: each verified row costs a fraction of a one-token
-# eval, bit for bit the same row)
-_PATCH_LEVEL = 0
+# Whether the loaded build has scripts/patch_llamacpp.py's multi-row kernels (x86 with AVX2;
+# scripts/llamacpp_cols.c): each verified row of Q5_0/Q8_0/Q4_K/Q6_K weights then costs a fraction of a
+# one-token eval, and is bit for bit the same row
+_MULTI_ROW = False
 # A build with ggml's AMX kernels (x86 -march=native on Sapphire Rapids and later) repacks Q4_K/Q8_0
 # weights into AMX buffers and crashes in the first eval (llama.cpp issue 20824): such a build loads
 # weights without extra buffer types. scripts/setup.sh builds without AMX, so this is for other builds.
@@ -94,13 +93,13 @@ def _llama_cpp():
         _LOG_CALLBACK = _keep_log
     llama_cpp.llama_log_set(_LOG_CALLBACK, ctypes.c_void_p(0))  # re-set: importing llama_cpp installs a printer
     if not _BACKEND_READY:
-        global _HAS_LLAMAFILE, _HAS_AMX, _TINYBLAS_MIN_ROWS, _PATCH_LEVEL
+        global _HAS_LLAMAFILE, _HAS_AMX, _TINYBLAS_MIN_ROWS, _MULTI_ROW
         info = llama_cpp.llama_print_system_info().decode("utf-8", "replace")
         _HAS_LLAMAFILE = "LLAMAFILE = 1" in info
         _HAS_AMX = "AMX_INT8 = 1" in info
         if _HAS_LLAMAFILE:
             _TINYBLAS_MIN_ROWS = _patched_min_rows(llama_cpp)
-        _PATCH_LEVEL = _cpu_export(llama_cpp, "ggml_cpu_omnidraft_patch", ctypes.c_int)
+        _MULTI_ROW = _cpu_export(llama_cpp, "ggml_cpu_omnidraft_multi_row", ctypes.c_int) == 1
         if not _HAS_LLAMAFILE or _TINYBLAS_MIN_ROWS >= 2:
             # a build that can serve batch-invariant targets: ggml's tiled matmul (batches of 8+)
             # must be off too, and ggml reads this switch once, at the process's first matmul
