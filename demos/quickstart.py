@@ -4,9 +4,9 @@ For each target, engine and prompt it decodes twice — the target alone, then w
 under the cost-aware draft policy — checks that the outputs are token for token identical, and
 prints both speeds and what the policy chose:
 
-- on llama.cpp (the builtin GGUF targets' default engine) a k-token eval costs about k/1.6 steps
-  on a CPU, so the drafter rarely pays and the policy mostly decodes plainly; what pays is text the
-  target repeats (the code-editing prompt), proposed by prompt lookup for free. Where nothing
+- on llama.cpp (the builtin GGUF targets' default engine) a verify of k proposals costs about
+  1 + k/2.5 steps on a CPU, so the drafter rarely pays and the policy mostly decodes plainly; what
+  pays is text the target repeats (the code-editing prompt), proposed by prompt lookup for free. Where nothing
   repeats, expect about 1.0x: a draft tried now and then to see whether it pays (each failed try
   makes the next one rarer);
 - on torch (memory-bound, like a GPU or a server) a verify of a few tokens costs about one step,
