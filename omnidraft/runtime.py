@@ -8,6 +8,7 @@ trained) into the drafter. It imports nothing from ``omnidraft.train``: decoding
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 
@@ -215,6 +216,26 @@ def open_lookup_history(target_tok, options: CacheOptions, home=None) -> LookupH
         return None
 
 
+@contextlib.contextmanager
+def loading_heap():
+    """Python's cyclic garbage collector paused while models load, then :func:`settle_heap`.
+
+    A load allocates about a million long-lived objects (vocabularies parsed from JSON and GGUF
+    metadata, token tables). The collector runs a full collection each time the heap has grown by a
+    quarter, and each one walks everything loaded so far: seconds of every command's start. Paused,
+    the garbage cycles a load leaves are collected once, at the end. The collector's state is
+    restored whether or not the load succeeds."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+        settle_heap()
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+@loading_heap()  # a fresh pause per call (contextmanager objects decorate as ContextDecorator)
 def load_pipeline(target_spec: str, drafter_spec: str | None, *, home=None, dtype: str | None = None,
                   drafter_dtype: str | None = None, cache: CacheOptions | None = None, quiet: bool = False,
                   adapter: str = "auto", engine: str = "auto", remote: RemoteOptions | None = None,
@@ -241,7 +262,6 @@ def load_pipeline(target_spec: str, drafter_spec: str | None, *, home=None, dtyp
                                                device=device)
     target_tok = target.tokenizer
     if not drafting:
-        settle_heap()
         return Pipeline(SpeculativeDecoder(target), target_spec, None, target_model, None, engine=engine)
     if drafter_backend == "auto" and drafter_dtype is None:  # after the target: what fails at once does
         chosen = choose_drafter_backend(drafter_spec, home, quiet).chosen
@@ -294,7 +314,6 @@ def load_pipeline(target_spec: str, drafter_spec: str | None, *, home=None, dtyp
     use_adapter(slot, adapter, quiet)
     decoder.cost_policy.drafter_weights(slot.weights)  # also when no adapter loaded: "none" may be news
     label = backend if backend in GGUF_BACKENDS or backend.startswith("onnx") else f"torch-{backend}"
-    settle_heap()
     return Pipeline(decoder, target_spec, drafter_spec, target_model, drafter_model, slot, engine, label)
 
 

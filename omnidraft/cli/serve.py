@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
     from omnidraft.sources.lookup import LOOKUP_MAX
     from omnidraft.rpc import read_token
     from omnidraft.rpc.server import log_start, serve
-    from omnidraft.runtime import load_target, settle_heap
+    from omnidraft.runtime import load_target, loading_heap
 
     if args.target.startswith(("grpc://", "grpcs://")):
         raise OmnidraftError("serve runs a model here: give a builtin, a folder or a .gguf file, not another server")
@@ -63,12 +63,12 @@ def run(args: argparse.Namespace) -> int:
     models.check_spec(args.target)
     batch = args.max_sessions if args.batch else 1
     engine = "torch" if args.batch and args.engine == "auto" else args.engine  # the engine that batches
-    target, _, engine = load_target(args.target, engine, dtype=args.dtype, device=args.device,
-                                    context=args.max_context, batch=batch)
-    if hasattr(target, "warm_up"):  # torch: kernels chosen by timing (CPU) or captured (GPU) before clients come
-        notice(f"preparing the verify kernels once (draft lengths 0-{min(args.max_draft, LOOKUP_MAX)}) …")
-        target.warm_up(min(args.max_draft, LOOKUP_MAX))
-    settle_heap()
+    with loading_heap():
+        target, _, engine = load_target(args.target, engine, dtype=args.dtype, device=args.device,
+                                        context=args.max_context, batch=batch)
+        if hasattr(target, "warm_up"):  # torch: kernels chosen by timing (CPU) or captured (GPU) before clients come
+            notice(f"preparing the verify kernels once (draft lengths 0-{min(args.max_draft, LOOKUP_MAX)}) …")
+            target.warm_up(min(args.max_draft, LOOKUP_MAX))
     builtin = models.builtin(args.target)
     served = serve(target, args.target, engine, host=args.host, port=args.port, token=token, tls=tls,
                    insecure=args.insecure, max_sessions=args.max_sessions, max_context=args.max_context,
