@@ -19,11 +19,10 @@ decode engine's forwards): a model shared with transformers' own ``generate`` ru
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
-from transformers import AttentionInterface
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
-from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from omnidraft import fastlinear
 
@@ -47,6 +46,8 @@ def packed_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
     """transformers' attention-function contract: query [b, heads, rows, d], key and value
     [b, kv_heads, n, d] → ([b, rows, heads, d], None)."""
     if not _packable(module, query, key, attention_mask, dropout, kwargs):
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)
     batch, heads, rows, dim = query.shape
@@ -59,13 +60,22 @@ def packed_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
     return out.reshape(batch, heads, rows, value.shape[-1]).transpose(1, 2).contiguous(), None
 
 
-AttentionInterface.register(NAME, packed_sdpa)
-AttentionMaskInterface.register(NAME, sdpa_mask)  # the masks stock SDPA gets
+@functools.cache
+def _register() -> None:
+    """Register :func:`packed_sdpa` with transformers, once, when a model is first installed: the
+    masking module it needs imports torch.distributed and sympy (over a second), which a process
+    whose models all run on llama.cpp or the native drafter never needs."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(NAME, packed_sdpa)
+    AttentionMaskInterface.register(NAME, sdpa_mask)  # the masks stock SDPA gets
 
 
 def install(model: torch.nn.Module) -> torch.nn.Module:
     """Route the model's attention through :func:`packed_sdpa` where it runs SDPA (idempotent);
     a model on another implementation (eager, flash) keeps it."""
+    _register()
     if getattr(model.config, "_attn_implementation", None) == "sdpa":
         model.set_attn_implementation(NAME)
     return model
