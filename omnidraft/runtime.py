@@ -343,12 +343,17 @@ def _drafter_gguf(drafter_spec: str, backend: str, home=None) -> Path:
     return gguf
 
 
-@functools.cache
-def _native_weights(gguf: Path):
-    """The GGUF's weights in the native forward, loaded once per process (every fork shares them)."""
+_NATIVE_WEIGHTS: dict[Path, Any] = {}
+
+
+def _native_weights(gguf: Path, home=None):
+    """The GGUF's weights in the native forward, loaded once per process (every fork shares them,
+    whichever home asked first); the file's index is kept under ``<home>/models/gguf-index``."""
     from omnidraft.drafter.native_lm import load_native_model
 
-    return load_native_model(gguf)
+    if gguf not in _NATIVE_WEIGHTS:
+        _NATIVE_WEIGHTS[gguf] = load_native_model(gguf, models.models_dir(home) / "gguf-index")
+    return _NATIVE_WEIGHTS[gguf]
 
 
 def native_drafter(drafter_spec: str, home=None, quiet: bool = False):
@@ -358,7 +363,7 @@ def native_drafter(drafter_spec: str, home=None, quiet: bool = False):
 
     gguf = _drafter_gguf(drafter_spec, "native", home)
     try:
-        weights = _native_weights(gguf.resolve())
+        weights = _native_weights(gguf.resolve(), home)
     except NativeUnsupported as exc:
         raise OmnidraftError(f"--drafter-backend native: {exc}") from None
     return NativeDraftLM(weights), models.load_tokenizer(drafter_spec, home, progress=not quiet)

@@ -190,6 +190,28 @@ def test_a_misfit_adapter_is_refused_and_a_fork_carries_the_adapter(native, peft
         lm.apply_adapter(None)
 
 
+@pytest.mark.real
+def test_the_kept_index_of_the_gguf_loads_the_same_weights(native, tmp_path):
+    """A later process reads the GGUF's tensors through the index the first one kept (parsing every
+    field takes seconds); the logits must be the bits of a load that parsed the file, and a damaged
+    index must be read again, not trusted."""
+    lm, tok = native
+    gguf = models.gguf_of(DRAFTER, TEST_HOME, progress=False)
+    ids = list(tok.encode(TEXT))[:24]
+    lm.apply_adapter(None)
+    lm.reset()
+    parsed = lm.logits_for(ids).clone()
+    index_dir = tmp_path / "gguf-index"
+    first = NativeDraftLM(load_native_model(gguf, index_dir))
+    kept = list(index_dir.glob("*.json"))
+    assert len(kept) == 1
+    from_index = NativeDraftLM(load_native_model(gguf, index_dir))
+    assert torch.equal(first.logits_for(ids), parsed) and torch.equal(from_index.logits_for(ids), parsed)
+    kept[0].write_text("{not json")
+    assert torch.equal(NativeDraftLM(load_native_model(gguf, index_dir)).logits_for(ids), parsed)
+    assert '"tensors"' in kept[0].read_text()  # written again whole
+
+
 def test_a_gguf_it_cannot_run_is_refused_with_the_reason():
     if kernels.qdraft() is None:
         pytest.skip("the native drafter cannot run here")

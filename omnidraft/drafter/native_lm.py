@@ -56,49 +56,114 @@ class NativeModel:
                 "ffn_gate": (self.n_ff, e), "ffn_up": (self.n_ff, e), "ffn_down": (e, self.n_ff)}
 
 
-def _field(reader, key: str):
-    field = reader.fields.get(key)
-    if field is None:
-        raise NativeUnsupported(f"the GGUF has no {key}")
-    value = field.parts[field.data[0]]
-    return value.tobytes().decode() if value.dtype == np.uint8 else value[0].item()
+@dataclass(frozen=True)
+class _Tensor:
+    """One tensor of a GGUF: where its bytes are in the file, what they hold."""
+
+    name: str
+    kind: str  # the ggml type's name: Q4_1, Q8_0, F32, ...
+    shape: tuple[int, ...]
+    offset: int
+    n_bytes: int
+    file: np.ndarray  # the whole file, memory-mapped
+
+    @property
+    def data(self) -> np.ndarray:
+        raw = self.file[self.offset:self.offset + self.n_bytes]
+        return raw.view(np.float32) if self.kind == "F32" else raw
 
 
-def _blocks(tensor) -> tuple[torch.Tensor, int]:
-    kind = tensor.tensor_type.name
+@dataclass(frozen=True)
+class _GgufIndex:
+    """What the native forward reads of a GGUF: its scalar metadata and its tensors' places.
+
+    gguf's ``GGUFReader`` parses every field, the drafter's 49,152 tokens and 48,900 merges among them,
+    with numpy views per string: about two seconds of every process that loads the drafter. The index
+    it yields is small, so it is kept per file (path, size and mtime) and later loads map the file
+    and read the tensors straight from it."""
+
+    fields: dict
+    tensors: dict[str, _Tensor]
+
+    @classmethod
+    def load(cls, gguf: Path, memo_dir: Path | None) -> _GgufIndex:
+        import hashlib
+        import json
+
+        from omnidraft.errors import OmnidraftError
+        from omnidraft.fsutil import atomic_write_json
+
+        stat = gguf.stat()
+        key = hashlib.sha256(f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:24]
+        memo = memo_dir / f"{key}.json" if memo_dir is not None else None
+        try:
+            doc = json.loads(memo.read_text()) if memo is not None else None
+            fields, tensors = doc["fields"], doc["tensors"]
+        except (OSError, ValueError, KeyError, TypeError):  # none yet, or unreadable: read the GGUF
+            fields, tensors = cls._read(gguf)
+            if memo is not None:
+                try:
+                    memo.parent.mkdir(parents=True, exist_ok=True)
+                    atomic_write_json(memo, {"gguf": str(gguf), "fields": fields, "tensors": tensors})
+                except (OSError, OmnidraftError):
+                    pass  # a read-only home: read again next time
+        file = np.memmap(gguf, mode="r")
+        return cls(fields, {name: _Tensor(name, kind, tuple(shape), offset, n_bytes, file)
+                            for name, kind, shape, offset, n_bytes in tensors})
+
+    @staticmethod
+    def _read(gguf: Path) -> tuple[dict, list]:
+        from gguf import GGUFReader, GGUFValueType
+
+        reader = GGUFReader(str(gguf))
+        fields = {}
+        for key, field in reader.fields.items():
+            if len(field.types) == 1 and field.types[0] != GGUFValueType.ARRAY:
+                value = field.parts[field.data[0]]
+                fields[key] = value.tobytes().decode() if field.types[0] == GGUFValueType.STRING else value[0].item()
+        tensors = [[t.name, t.tensor_type.name, [int(d) for d in t.shape], int(t.data_offset), int(t.n_bytes)]
+                   for t in reader.tensors]
+        return fields, tensors
+
+    def field(self, key: str):
+        if key not in self.fields:
+            raise NativeUnsupported(f"the GGUF has no {key}")
+        return self.fields[key]
+
+
+def _blocks(tensor: _Tensor) -> tuple[torch.Tensor, int]:
+    kind = tensor.kind
     if kind not in SUPPORTED_TYPES:
         raise NativeUnsupported(f"{tensor.name} is {kind}; the native drafter reads {', '.join(SUPPORTED_TYPES)}")
     return torch.from_numpy(np.ascontiguousarray(tensor.data).reshape(-1).copy()), SUPPORTED_TYPES[kind]
 
 
-def _floats(tensor) -> torch.Tensor:
-    if tensor.tensor_type.name != "F32":
-        raise NativeUnsupported(f"{tensor.name} is {tensor.tensor_type.name}, not F32")
+def _floats(tensor: _Tensor) -> torch.Tensor:
+    if tensor.kind != "F32":
+        raise NativeUnsupported(f"{tensor.name} is {tensor.kind}, not F32")
     return torch.from_numpy(np.asarray(tensor.data, dtype=np.float32).reshape(-1).copy())
 
 
-def load_native_model(gguf: str | Path) -> NativeModel:
-    """Read a llama-architecture GGUF into the native forward; NativeUnsupported says why not."""
-    from gguf import GGUFReader
-
+def load_native_model(gguf: str | Path, index_dir: Path | None = None) -> NativeModel:
+    """Read a llama-architecture GGUF into the native forward; NativeUnsupported says why not.
+    ``index_dir``: where the file's index is kept between processes (none: the GGUF is parsed)."""
     from omnidraft import kernels
 
     module = kernels.qdraft()
     if module is None:
         raise NativeUnsupported(kernels.unsupported_reason() or "the native kernels are not built (run scripts/setup.sh)")
-    reader = GGUFReader(str(gguf))
-    arch = _field(reader, "general.architecture")
+    index = _GgufIndex.load(Path(gguf), index_dir)
+    arch = index.field("general.architecture")
     if arch != "llama":
         raise NativeUnsupported(f"the native drafter runs llama-architecture GGUFs, not {arch}")
-    n_layers, n_embd = _field(reader, "llama.block_count"), _field(reader, "llama.embedding_length")
-    n_head, n_ff = _field(reader, "llama.attention.head_count"), _field(reader, "llama.feed_forward_length")
-    n_kv = _field(reader, "llama.attention.head_count_kv")
-    eps = _field(reader, "llama.attention.layer_norm_rms_epsilon")
-    base = reader.fields.get("llama.rope.freq_base")
-    base = float(base.parts[base.data[0]][0]) if base is not None else 10000.0
-    if reader.fields.get("llama.rope.scaling.type") is not None:
+    n_layers, n_embd = index.field("llama.block_count"), index.field("llama.embedding_length")
+    n_head, n_ff = index.field("llama.attention.head_count"), index.field("llama.feed_forward_length")
+    n_kv = index.field("llama.attention.head_count_kv")
+    eps = index.field("llama.attention.layer_norm_rms_epsilon")
+    base = float(index.fields.get("llama.rope.freq_base", 10000.0))
+    if index.fields.get("llama.rope.scaling.type") is not None:
         raise NativeUnsupported("rope scaling is not supported by the native drafter")
-    tensors = {t.name: t for t in reader.tensors}
+    tensors = index.tensors
     model = module.Model(n_embd, n_head, n_kv, n_ff, float(eps), base)
     try:
         for i in range(n_layers):
@@ -113,7 +178,7 @@ def load_native_model(gguf: str | Path) -> NativeModel:
         raise NativeUnsupported(f"the GGUF lacks tensor {exc}") from None
     except RuntimeError as exc:  # a shape qdraft.cpp refuses
         raise NativeUnsupported(str(exc).splitlines()[0]) from None
-    context = int(_field(reader, "llama.context_length"))
+    context = int(index.field("llama.context_length"))
     return NativeModel(model, GgufShape(arch, n_layers, n_head, n_kv), vocab, n_embd, n_ff, context, Path(gguf))
 
 
