@@ -11,6 +11,7 @@ second writer is told who holds it.
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import os
 import sys
@@ -21,6 +22,13 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from omnidraft.errors import OmnidraftError
+
+
+def file_version_key(path: Path) -> str:
+    """A name for this version of a file: its resolved path, size and mtime, hashed. A memo of
+    what was derived from the file, kept under this name, goes stale when the file is replaced."""
+    stat = path.stat()
+    return hashlib.sha256(f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:24]
 
 
 def fsync_dir(path: str | os.PathLike) -> None:

@@ -453,16 +453,13 @@ def choose_drafter_backend(drafter_spec: str, home=None, quiet: bool = False, re
 def gguf_architecture(gguf: Path, home=None) -> str:
     """The adapter fingerprint (module names and shapes) of the torch model a GGUF loads as, without
     loading its weights. Reading the config out of a GGUF takes seconds, so it is kept per file."""
-    import hashlib
     import json
 
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from omnidraft.fsutil import atomic_write_json
+    from omnidraft.fsutil import atomic_write_json, file_version_key
 
-    stat = gguf.stat()
-    key = hashlib.sha256(f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:24]
-    memo = models.models_dir(home) / "architectures" / f"{key}.json"
+    memo = models.models_dir(home) / "architectures" / f"{file_version_key(gguf)}.json"
     try:
         return str(json.loads(memo.read_text())["architecture"])
     except (OSError, ValueError, KeyError, TypeError):

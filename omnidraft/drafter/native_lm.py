@@ -87,15 +87,12 @@ class _GgufIndex:
 
     @classmethod
     def load(cls, gguf: Path, memo_dir: Path | None) -> _GgufIndex:
-        import hashlib
         import json
 
         from omnidraft.errors import OmnidraftError
-        from omnidraft.fsutil import atomic_write_json
+        from omnidraft.fsutil import atomic_write_json, file_version_key
 
-        stat = gguf.stat()
-        key = hashlib.sha256(f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:24]
-        memo = memo_dir / f"{key}.json" if memo_dir is not None else None
+        memo = memo_dir / f"{file_version_key(gguf)}.json" if memo_dir is not None else None
         try:
             doc = json.loads(memo.read_text()) if memo is not None else None
             fields, tensors = doc["fields"], doc["tensors"]

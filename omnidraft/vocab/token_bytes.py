@@ -40,16 +40,22 @@ class TokenTable:
     kind: str  # "byte-level" | "sentencepiece" | "plain"
 
 
+def _component(backend, name: str) -> dict:
+    """One part of a fast tokenizer's definition as JSON: each part serializes alone, so the model's
+    vocabulary and merges (megabytes for Qwen's) are not serialized and parsed to read its decoder."""
+    part = getattr(backend, name, None)
+    return json.loads(part.__getstate__()) if part is not None else {}
+
+
 def _decoder_kind(tokenizer) -> str:
     """Classify how the tokenizer spells bytes, from its backend decoder definition."""
-    try:
-        spec = json.loads(tokenizer.backend_tokenizer.to_str())
-    except AttributeError:
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
         return "plain"
-    text = json.dumps(spec.get("decoder") or {}) + json.dumps(spec.get("pre_tokenizer") or {})
+    text = json.dumps(_component(backend, "decoder")) + json.dumps(_component(backend, "pre_tokenizer"))
     if '"ByteLevel"' in text:
         return "byte-level"
-    if "ByteFallback" in text or "\u2581" in text or "Metaspace" in text or (spec.get("model") or {}).get("byte_fallback"):
+    if "ByteFallback" in text or "\u2581" in text or "Metaspace" in text or getattr(backend.model, "byte_fallback", False):
         return "sentencepiece"
     return "plain"
 
