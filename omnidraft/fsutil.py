@@ -16,7 +16,7 @@ import json
 import os
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -29,6 +29,29 @@ def file_version_key(path: Path) -> str:
     what was derived from the file, kept under this name, goes stale when the file is replaced."""
     stat = path.stat()
     return hashlib.sha256(f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:24]
+
+
+def file_memo(source: Path, memo_dir: Path | None, keys: Sequence[str], compute: Callable[[], dict]) -> dict:
+    """What ``compute()`` derives from ``source`` (slow to derive, small to keep), kept as JSON in
+    ``memo_dir`` per version of the file. A memo that is missing, unreadable or lacks one of ``keys``
+    is computed again and rewritten atomically; with no ``memo_dir``, or a home that cannot be
+    written, it is computed each time."""
+    memo = memo_dir / f"{file_version_key(source)}.json" if memo_dir is not None else None
+    if memo is not None:
+        try:
+            doc = json.loads(memo.read_text())
+            if isinstance(doc, dict) and all(key in doc for key in keys):
+                return doc
+        except (OSError, ValueError):
+            pass  # none yet, or unreadable: computed again below
+    doc = compute()
+    if memo is not None:
+        try:
+            memo.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_json(memo, {"source": str(source), **doc})
+        except (OSError, OmnidraftError):
+            pass  # a read-only home: computed again next time
+    return doc
 
 
 def fsync_dir(path: str | os.PathLike) -> None:

@@ -453,27 +453,17 @@ def choose_drafter_backend(drafter_spec: str, home=None, quiet: bool = False, re
 def gguf_architecture(gguf: Path, home=None) -> str:
     """The adapter fingerprint (module names and shapes) of the torch model a GGUF loads as, without
     loading its weights. Reading the config out of a GGUF takes seconds, so it is kept per file."""
-    import json
-
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from omnidraft.fsutil import atomic_write_json, file_version_key
+    from omnidraft.fsutil import file_memo
 
-    memo = models.models_dir(home) / "architectures" / f"{file_version_key(gguf)}.json"
-    try:
-        return str(json.loads(memo.read_text())["architecture"])
-    except (OSError, ValueError, KeyError, TypeError):
-        pass  # none yet, or unreadable: compute it again
-    config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    with torch.device("meta"):  # shapes and names only: no memory, no weights read
-        twin = AutoModelForCausalLM.from_config(config)
-    arch = adapters.architecture_fingerprint(twin)
-    try:
-        memo.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(memo, {"gguf": str(gguf), "architecture": arch})
-    except (OSError, OmnidraftError):
-        pass  # a read-only home: computed again next time
-    return arch
+    def derive() -> dict:
+        config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        with torch.device("meta"):  # shapes and names only: no memory, no weights read
+            twin = AutoModelForCausalLM.from_config(config)
+        return {"architecture": adapters.architecture_fingerprint(twin)}
+
+    return str(file_memo(gguf, models.models_dir(home) / "architectures", ("architecture",), derive)["architecture"])
 
 
 def onnx_export_for(drafter_spec: str, backend: str, home=None) -> Path | None:

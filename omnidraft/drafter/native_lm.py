@@ -87,29 +87,16 @@ class _GgufIndex:
 
     @classmethod
     def load(cls, gguf: Path, memo_dir: Path | None) -> _GgufIndex:
-        import json
+        from omnidraft.fsutil import file_memo
 
-        from omnidraft.errors import OmnidraftError
-        from omnidraft.fsutil import atomic_write_json, file_version_key
-
-        memo = memo_dir / f"{file_version_key(gguf)}.json" if memo_dir is not None else None
-        try:
-            doc = json.loads(memo.read_text()) if memo is not None else None
-            fields, tensors = doc["fields"], doc["tensors"]
-        except (OSError, ValueError, KeyError, TypeError):  # none yet, or unreadable: read the GGUF
-            fields, tensors = cls._read(gguf)
-            if memo is not None:
-                try:
-                    memo.parent.mkdir(parents=True, exist_ok=True)
-                    atomic_write_json(memo, {"gguf": str(gguf), "fields": fields, "tensors": tensors})
-                except (OSError, OmnidraftError):
-                    pass  # a read-only home: read again next time
+        doc = file_memo(gguf, memo_dir, ("fields", "tensors"), lambda: cls._read(gguf))
+        fields, tensors = doc["fields"], doc["tensors"]
         file = np.memmap(gguf, mode="r")
         return cls(fields, {name: _Tensor(name, kind, tuple(shape), offset, n_bytes, file)
                             for name, kind, shape, offset, n_bytes in tensors})
 
     @staticmethod
-    def _read(gguf: Path) -> tuple[dict, list]:
+    def _read(gguf: Path) -> dict:
         from gguf import GGUFReader, GGUFValueType
 
         reader = GGUFReader(str(gguf))
@@ -120,7 +107,7 @@ class _GgufIndex:
                 fields[key] = value.tobytes().decode() if field.types[0] == GGUFValueType.STRING else value[0].item()
         tensors = [[t.name, t.tensor_type.name, [int(d) for d in t.shape], int(t.data_offset), int(t.n_bytes)]
                    for t in reader.tensors]
-        return fields, tensors
+        return {"fields": fields, "tensors": tensors}
 
     def field(self, key: str):
         if key not in self.fields:
