@@ -189,7 +189,8 @@ class SpeculativeDecoder:
         observers = list(self.observers)
         start = time.perf_counter()
         for obs in observers:
-            obs.on_start(ids)
+            obs.on_start(ids)  # a trainer's new adapter version is taken here
+        policy.prepare()  # ... and then the weights this request drafts with are chosen
 
         def between() -> None:  # the only moment drafter weights may change
             for obs in observers:

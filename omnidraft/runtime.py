@@ -311,6 +311,7 @@ def load_pipeline(target_spec: str, drafter_spec: str | None, *, home=None, dtyp
     decoder.observers.append(slot)
     decoder.cost_policy.keep_at(policy_path(drafter_spec, target_spec, engine, backend, home), cost_machine())
     slot.listeners.append(decoder.cost_policy.drafter_weights)
+    decoder.cost_policy.switch = slot  # per request: the adapter, or the base weights where they draft faster
     use_adapter(slot, adapter, quiet)
     decoder.cost_policy.drafter_weights(slot.weights)  # also when no adapter loaded: "none" may be news
     label = backend if backend in GGUF_BACKENDS or backend.startswith("onnx") else f"torch-{backend}"

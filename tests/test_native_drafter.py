@@ -390,3 +390,45 @@ def test_a_text_rewritten_before_the_cache_reads_only_what_is_new(native, long_t
     # the cached part is not in the new text: all of it is read
     other = long_text[:SINK] + long_text[1200:1400]
     assert drafter.draft(other, 1, policy).read_tokens == len(other) - SINK
+
+
+@pytest.mark.real
+def test_the_weights_choice_runs_the_adapter_then_the_base_weights_and_keeps_the_targets_output(tmp_path, native,
+                                                                                                peft_drafter, real_models):
+    """The real pair with an adapter in the pipeline: the first request drafts with the adapter (its
+    news), the second with the base weights; both give the target's own greedy output. The bench's
+    fork for its greedy mode switches its own weights and leaves the pipeline's drafter adapted."""
+    from omnidraft.adapter.store import BASE_WEIGHTS
+    from omnidraft.bench.runner import weights_choice_slot
+    from omnidraft.config import DecodeConfig
+    from omnidraft.decode import SpeculativeDecoder
+    from omnidraft.runtime import encode_prompt
+    from omnidraft.train.publish import save
+
+    peft, _, _ = peft_drafter
+    d_model, d_tok = real_models(DRAFTER)
+    _, t_tok = real_models("builtin:gemma3-270m")
+    save(tmp_path / "adapter", peft, {"identity": vars(identity_of(d_tok, t_tok, d_model)), "updates": 1})
+    home = tmp_path / "home"  # the session's models, and a policy file of this test's own
+    (home / "models").mkdir(parents=True)
+    for entry in (TEST_HOME / "models").iterdir():
+        if entry.name != "costs":
+            (home / "models" / entry.name).symlink_to(entry, target_is_directory=entry.is_dir())
+    pipe = load_pipeline("builtin:gemma3-270m", DRAFTER, home=home, quiet=True,
+                         adapter=str(tmp_path / "adapter"), drafter_backend="native")
+    slot, decoder = pipe.adapter_slot, pipe.decoder
+    prompt = encode_prompt(pipe.target_tokenizer, "Write a Python function that reverses a list.")
+    config = DecodeConfig(max_new_tokens=24)
+    alone = SpeculativeDecoder(decoder.target).generate(prompt, DecodeConfig(max_new_tokens=24, lookup=False))
+    ran = []
+    for _ in range(2):
+        assert decoder.generate(prompt, config).token_ids == alone.token_ids
+        ran.append(slot.weights)
+    assert ran == [slot.adapter_weights, BASE_WEIGHTS] and slot.current is not None
+    assert set(decoder.cost_policy.shelf) == {slot.adapter_weights}  # the adapter's evidence, kept aside
+    fork = weights_choice_slot(slot)
+    assert fork is not None and fork.drafter.lm is not slot.drafter.lm
+    fork.run(BASE_WEIGHTS)
+    slot.run(slot.adapter_weights)
+    ids = list(d_tok.encode(TEXT))[:30]
+    assert not torch.equal(fork.drafter.lm.logits_for(ids), slot.drafter.lm.logits_for(ids))

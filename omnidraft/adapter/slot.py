@@ -10,6 +10,10 @@ for a drafter whose output the verifier checks. Applying means the drafter backe
 ``apply_adapter`` (a weight merge on torch, an adapter switch on onnxruntime) plus the adapter's
 acceptance head, and the listeners (the draft policy, whose acceptance statistics described the old
 weights) are told.
+
+The slot is also the cost policy's switch (``sources.policy.WeightsSwitch``): per request the policy
+may run the base weights instead of the loaded adapter (``run``), where they are expected to draft
+faster; the adapter stays loaded, and ``current`` still names it.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from typing import TYPE_CHECKING, Callable, Protocol
 
 from omnidraft.adapter import head as head_mod
 from omnidraft.adapter import store
+from omnidraft.adapter.store import BASE_WEIGHTS
 from omnidraft.console import warn
 from omnidraft.observer import DecodeObserver
 
@@ -40,11 +45,36 @@ class AdapterSlot(DecodeObserver):
         self.current: store.LoadedAdapter | None = None
         self.source: Publisher | None = None
         self.listeners: list[Callable[[str], None]] = []  # told ``weights`` after every change
+        self.on_base = False  # the adapter is loaded but this request drafts with the base weights (``run``)
+        self._head = None  # the loaded adapter's acceptance head
+
+    @property
+    def adapter_weights(self) -> str | None:
+        """The loaded adapter's weights key (its folder), whichever weights run now; None: no adapter."""
+        return str(self.current.path) if self.current is not None else None
 
     @property
     def weights(self) -> str:
         """Which weights the drafter runs: the adapter version's folder, or "none"."""
-        return str(self.current.path) if self.current is not None else "none"
+        return self.adapter_weights if self.current is not None and not self.on_base else BASE_WEIGHTS
+
+    def run(self, weights: str) -> None:
+        """Draft with the loaded adapter (its ``adapter_weights``) or the base weights (BASE_WEIGHTS),
+        keeping the drafter's cache: keys computed under the other weights are close enough for a
+        drafter whose output the verifier checks, and a re-read of the context is not."""
+        if weights not in (BASE_WEIGHTS, self.adapter_weights):
+            raise ValueError(f"no weights {weights!r} in this slot")
+        base = weights == BASE_WEIGHTS
+        if self.current is None or base == self.on_base:
+            return
+        if base:
+            self.drafter.lm.apply_adapter(None, keep_cache=True)
+        else:
+            self.drafter.lm.apply_adapter(self.current.state, self.current.scaling, keep_cache=True)
+        self.drafter.head = None if base else self._head
+        self.on_base = base
+        for listener in self.listeners:
+            listener(self.weights)
 
     def use(self, loaded: store.LoadedAdapter | None, keep_cache: bool = False) -> None:
         """Apply ``loaded`` (None: back to the base weights); checked before anything changes.
@@ -57,7 +87,7 @@ class AdapterSlot(DecodeObserver):
             self.drafter.lm.apply_adapter(None, keep_cache=keep_cache)
         else:
             self.drafter.lm.apply_adapter(loaded.state, loaded.scaling, keep_cache=keep_cache)
-        self.current = loaded
+        self.current, self.on_base, self._head = loaded, False, head
         self.drafter.head = head
         if not keep_cache:
             self.drafter.reset()
@@ -87,5 +117,6 @@ class AdapterSlot(DecodeObserver):
         if self.current is None:
             return "none"
         meta = self.current.meta
-        head = ", acceptance head" if self.drafter.head is not None else ""
-        return f"{self.current.path} (update {meta.get('updates', 0)}, {meta.get('records_seen', 0)} records{head})"
+        head = ", acceptance head" if self._head is not None else ""
+        base = "; the base weights draft faster here, the last request ran them" if self.on_base else ""
+        return f"{self.current.path} (update {meta.get('updates', 0)}, {meta.get('records_seen', 0)} records{head}{base})"

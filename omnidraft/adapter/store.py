@@ -30,6 +30,8 @@ from omnidraft.fsutil import FileLock
 from omnidraft.home import home_dir
 from omnidraft.identity import pair_slug, vocab_fingerprint
 
+BASE_WEIGHTS = "none"  # the weights key of a drafter that runs no adapter (``AdapterSlot.weights``)
+
 FORMAT_VERSION = 1
 KIND = "omnidraft-lora"
 META_FILE = "omnidraft-adapter.json"

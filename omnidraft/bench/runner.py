@@ -26,9 +26,11 @@ from omnidraft.ngram.trie import NgramCache, NgramTrie
 # greedy-chain: greedy with chains only (no branches of the drafter's runner-up tokens beside them).
 # greedy-base: greedy with the drafter's base weights (no adapter, no acceptance head): what --adapter gains or
 # costs, measured in the same run. greedy-nohead: greedy with the adapter but without its acceptance head (the
-# stop rule reads the calibrated max q): what the head gains or costs.
+# stop rule reads the calibrated max q): what the head gains or costs. greedy-adapter: greedy with the
+# adapter on every request, where greedy (as generate and chat) lets the cost policy run the base
+# weights for requests where they are expected to draft faster.
 OUR_MODES = ("target", "target-sample", "greedy", "greedy-ngram", "greedy-nocache", "tli", "omnidraft", "text-sample", "rdk", "slrs",
-             "lookup", "greedy-nolookup", "greedy-repeat", "greedy-base", "greedy-chain", "greedy-nohead")
+             "lookup", "greedy-nolookup", "greedy-repeat", "greedy-base", "greedy-chain", "greedy-nohead", "greedy-adapter")
 BASE_MODES = ("greedy-base",)  # the drafter without its adapter (a fork with base weights)
 SAMPLING_MODES = ("tli", "omnidraft", "text-sample", "rdk", "slrs", "hf-uag-sample", "target-sample")  # at --sample-temperature
 HF_MODES = ("hf-target", "hf-uag", "hf-lookup", "hf-uag-sample")
@@ -49,7 +51,8 @@ REMOTE_MODES = STREAM_MODES + ("target", "greedy", "greedy-ngram", "greedy-nocac
 ALL_MODES = OUR_MODES + ("greedy-onnx", "greedy-gguf") + HF_MODES + LLAMA_MODES + STREAM_MODES
 DEFAULT_MODES = ("target", "hf-target", "hf-uag", "greedy", "greedy-ngram", "greedy-nocache", "tli", "omnidraft")
 GREEDY_MODES = ("target", "hf-target", "hf-uag", "hf-lookup", "greedy", "greedy-ngram", "greedy-nocache", "greedy-onnx",
-                "greedy-gguf", "lookup", "greedy-nolookup", "greedy-repeat", "greedy-base", "greedy-chain", "greedy-nohead") + LLAMA_MODES + STREAM_MODES
+                "greedy-gguf", "lookup", "greedy-nolookup", "greedy-repeat", "greedy-base", "greedy-chain", "greedy-nohead",
+                "greedy-adapter") + LLAMA_MODES + STREAM_MODES
 
 
 def baseline_of(mode: str, available: Collection[str] = ()) -> str:
@@ -345,7 +348,7 @@ def llama_native_mode(target, max_new_tokens: int) -> ModeFn:
 
 def build_modes(pipe, modes: Sequence[str], base: DecodeConfig, temperature: float,
                 ngrams_factory: Callable[[], NgramCache] = NgramTrie, llama=None, onnx=None,
-                gguf=None, base_drafter=None, assistant=None) -> dict[str, ModeFn]:
+                gguf=None, base_drafter=None, assistant=None, choosing=None) -> dict[str, ModeFn]:
     """Mode name -> runner, all sharing the pipeline's target engine, drafter and weights.
 
     ``base`` carries the shared knobs (max new tokens, draft length, draft policy, seed).
@@ -353,6 +356,8 @@ def build_modes(pipe, modes: Sequence[str], base: DecodeConfig, temperature: flo
     ``onnx``: the drafter on onnxruntime (a ``Drafter`` over ``OnnxDraftLM``), for the ``-onnx`` modes;
     ``gguf``: the drafter on llama.cpp (a ``Drafter`` over ``LlamaCppDraftLM``), for the ``-gguf`` modes;
     ``base_drafter``: the drafter with its base weights (:func:`without_adapter`), for ``greedy-base``;
+    ``choosing``: the drafter's own adapter slot over a fork (:func:`weights_choice_slot`), whose weights
+    the ``greedy`` mode's policy chooses per request (None: ``greedy`` drafts with the shared drafter);
     ``assistant``: the drafter as a torch model, for transformers' assisted modes (default: the
     pipeline's; a pipeline whose drafter runs on a GGUF or an export has none, and those modes refuse
     to run rather than run transformers without an assistant).
@@ -378,6 +383,15 @@ def build_modes(pipe, modes: Sequence[str], base: DecodeConfig, temperature: flo
     def spec(config: DecodeConfig, ngrams: NgramCache) -> ModeFn:
         return our_mode(SpeculativeDecoder(target, drafter, bridge, ngrams), config)
 
+    def choosing_weights(config: DecodeConfig, ngrams: NgramCache) -> ModeFn:
+        if choosing is None:
+            return spec(config, ngrams)
+        decoder = SpeculativeDecoder(target, choosing.drafter, bridge, ngrams)
+        choosing.listeners.append(decoder.cost_policy.drafter_weights)
+        decoder.cost_policy.drafter_weights(choosing.weights)
+        decoder.cost_policy.switch = choosing
+        return our_mode(decoder, config)
+
     table: dict[str, Callable[[], ModeFn]] = {
         "server-stream": lambda: our_mode(SpeculativeDecoder(streamed.with_protocol("stream")),
                                           cfg(verify="greedy", lookup=False)),
@@ -387,7 +401,8 @@ def build_modes(pipe, modes: Sequence[str], base: DecodeConfig, temperature: flo
                                          cfg(verify="greedy", translate="text", branch_rows=FORKS_ON)),
         "target": lambda: our_mode(SpeculativeDecoder(target), cfg(verify="greedy", lookup=False)),
         "target-sample": lambda: our_mode(SpeculativeDecoder(target), cfg(verify=None, temperature=temperature, lookup=False)),
-        "greedy": lambda: spec(cfg(verify="greedy", translate="text"), ngrams_factory()),
+        "greedy": lambda: choosing_weights(cfg(verify="greedy", translate="text"), ngrams_factory()),
+        "greedy-adapter": lambda: spec(cfg(verify="greedy", translate="text"), ngrams_factory()),
         "greedy-ngram": lambda: spec(cfg(verify="greedy", translate="tokens", lookup=False), ngrams_factory()),
         "greedy-nocache": lambda: spec(cfg(verify="greedy", translate="tokens", use_ngram=False, lookup=False), NgramTrie()),
         "tli": lambda: spec(cfg(verify="tli", temperature=temperature), NgramTrie()),
@@ -462,6 +477,22 @@ def without_adapter(drafter):
     return Drafter(lm, drafter.stop_ids)
 
 
+def weights_choice_slot(slot):
+    """A fork of the slot's drafter in an adapter slot of its own, holding the same adapter, for a
+    mode whose policy switches its weights per request while the other modes keep the shared
+    drafter's; None where there is no adapter to choose against, or the backend cannot fork one that
+    can drop it (torch merges the adapter into the weights its fork copies)."""
+    from omnidraft.adapter.slot import AdapterSlot
+    from omnidraft.drafter import Drafter
+    from omnidraft.drafter.torch_lm import TorchDraftLM
+
+    if slot is None or slot.current is None or isinstance(slot.drafter.lm, TorchDraftLM):
+        return None
+    fork = AdapterSlot(Drafter(slot.drafter.lm.fork(), slot.drafter.stop_ids), slot.identity, slot.folder)
+    fork.use(slot.current)
+    return fork
+
+
 def policy_report(mode_fns: dict[str, ModeFn]) -> dict[str, dict]:
     """Per mode with the cost-aware draft policy: the verify costs and drafter cost it measured
     (ms, after the run's online updates) and how often it chose each drafter allowance (0 = plain step;
@@ -473,6 +504,8 @@ def policy_report(mode_fns: dict[str, ModeFn]) -> dict[str, dict]:
             out[mode] = {"verify_ms_by_proposals": policy.cost_table_ms(),
                          "draft_ms_per_token": round(policy.draft_cost.seconds_per_token * 1000, 2),
                          "budget_choices": dict(sorted(policy.choices.items()))}
+            if policy.switch is not None:  # the requests each weights drafted (the weights choice)
+                out[mode]["weights_requests"] = dict(policy.weights_choice.picks)
     return out
 
 

@@ -14,7 +14,10 @@ One object (:class:`CostPolicy`) does the whole job, for every draft source alik
   :class:`CostAwareStop` as soon as one more token is no longer expected to pay, with that token's
   own estimate: the drafter's confidence q calibrated into an acceptance probability (counted per
   bin of q), or the acceptance head's estimate when the adapter has one (OmniDraft §3.3);
-- **learn**: every verified step updates V, d and the acceptance counts (``learn``);
+- **learn**: every verified step updates V, d and the acceptance counts (``learn``), kept per set
+  of drafter weights: the base weights and the adapter each have their own (``DrafterEvidence``);
+- **choose weights**: where the drafter holds an adapter, each request drafts with the adapter or
+  the base weights, whichever the evidence expects to be faster (:class:`WeightsChoice`);
 - **explore**: a source the statistics turned off drafts anyway now and then (when drafting could
   pay at all), so the statistics follow a drafter or text that changes; each exploration that
   loses time makes the next one twice as rare (every ``EXPLORE_EVERY`` skipped steps at first, at
@@ -34,17 +37,20 @@ is measured or learned.
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 import torch
 
 from omnidraft.adapter.head import AcceptHead
+from omnidraft.adapter.store import BASE_WEIGHTS
 from omnidraft.config import MAX_BRANCH_ROWS, DecodeConfig
 from omnidraft.console import warn
 from omnidraft.costs import (
@@ -91,6 +97,11 @@ OPTIMISTIC_ACCEPTANCE = 0.9  # "could pay at all": the best case a real drafter 
 EXPLORE_MIN_GAIN = 1.05
 DRAFTER = "drafter"  # the model drafter's acceptance key (lookup keys: "context-4", "history-3", …)
 STATE_FORMAT = 2
+# the weights choice: after this many requests on the weights that look faster, one request runs the
+# others, so a change of domain (where the adapter starts or stops paying) is noticed; each such
+# request that confirms the choice doubles the gap, up to WEIGHTS_GAP_MAX
+WEIGHTS_GAP_MIN = 4
+WEIGHTS_GAP_MAX = 32
 
 
 class ConfidenceCalibration:
@@ -236,10 +247,134 @@ def with_catch_up(rates: Sequence[float], catch_up: float) -> list[float]:
 CATCH_UP_HORIZON = 64
 
 
+@dataclass
+class DrafterEvidence:
+    """What the policy has learnt about one set of drafter weights (the base weights, or an adapter
+    version): its per-position acceptance, its confidence calibration, d and the read cost, and the
+    costs this process timed for it. ``requests``: requests that drafted with these weights; 0 means
+    every number here was inherited from other weights (a new adapter version), not observed."""
+
+    stats: AcceptanceStats
+    calibration: ConfidenceCalibration
+    draft_cost: DraftCost
+    read_cost: DraftCost
+    timed: tuple[float, float] = (0.0, 0.0)
+    requests: int = 0
+
+    def state(self) -> dict:
+        return {"stats": {"tried": self.stats.tried, "accepted": self.stats.accepted},
+                "calibration": {"tried": self.calibration.tried, "accepted": self.calibration.accepted},
+                "draft_s": self.draft_cost.seconds_per_token if self.draft_cost.known else None,
+                "read_s": self.read_cost.seconds_per_token if self.read_cost.known else None,
+                "requests": self.requests}
+
+    @classmethod
+    def from_state(cls, saved: object, template: DrafterEvidence) -> DrafterEvidence | None:
+        """Evidence from ``state()``, shaped like ``template``; None for anything malformed."""
+        try:
+            tried, accepted = [float(x) for x in saved["stats"]["tried"]], [float(x) for x in saved["stats"]["accepted"]]
+            c_tried = [float(x) for x in saved["calibration"]["tried"]]
+            c_accepted = [float(x) for x in saved["calibration"]["accepted"]]
+            draft, read, requests = saved.get("draft_s"), saved.get("read_s"), int(saved.get("requests", 0))
+        except (KeyError, TypeError, ValueError, AttributeError):
+            return None
+        if not (len(tried) == len(accepted) == template.stats.max_positions
+                and len(c_tried) == len(c_accepted) == template.calibration.bins and requests >= 0
+                and all(0 <= a <= t for a, t in zip(accepted + c_accepted, tried + c_tried))):
+            return None
+        out = template.inherited(1.0)
+        out.stats.tried, out.stats.accepted = tried, accepted
+        out.calibration.tried, out.calibration.accepted = c_tried, c_accepted
+        out.draft_cost = DraftCost(_positive(draft), alpha=0.1)
+        out.read_cost = DraftCost(_positive(read), alpha=0.1)
+        out.requests = requests
+        return out
+
+    def inherited(self, keep: float) -> DrafterEvidence:
+        """A copy for other weights: ``keep`` of the acceptance evidence, the same costs, no requests."""
+        stats, calibration = copy.deepcopy(self.stats), copy.deepcopy(self.calibration)
+        stats.discount(keep)
+        calibration.discount(keep)
+        return DrafterEvidence(stats, calibration, copy.deepcopy(self.draft_cost), copy.deepcopy(self.read_cost),
+                               self.timed, 0)
+
+
+def _positive(x: object) -> float | None:
+    return float(x) if isinstance(x, (int, float)) and x > 0 and math.isfinite(x) else None
+
+
+class WeightsSwitch(Protocol):
+    """What runs the drafter's weights (``AdapterSlot``): the policy picks, per request, between its
+    adapter and its base weights."""
+
+    @property
+    def adapter_weights(self) -> str | None:
+        """The loaded adapter's weights key (None: no adapter, nothing to choose)."""
+
+    def run(self, weights: str) -> None:
+        """Draft this request with ``weights`` (the adapter's key or BASE_WEIGHTS)."""
+
+
+class WeightsChoice:
+    """Which weights a request drafts with: the ones the evidence expects to draft faster, and now
+    and then the others, so the choice follows the text a user writes.
+
+    An adapter helps where it was trained and costs speed elsewhere: its LoRA branches make every
+    drafted token dearer, and where its acceptance is no higher the base weights draft faster (an
+    adapter trained on Japanese and tool calls drafts English code slower than they do:
+    docs/online-distillation.md). A request is the unit: the
+    drafter keeps one set of weights while it drafts, and a switch costs a weight swap (a pointer on
+    the native and ONNX backends, a LoRA merge on torch), so the comparison is made between requests.
+    Which is faster is the cost policy's own estimate for each: E(k) / T(k) at the best k, with that
+    weights' per-position acceptance and d. An adapter version never drafted with yet (the trainer's
+    news) runs first; the base weights, once, next.
+    """
+
+    def __init__(self) -> None:
+        self.gap = WEIGHTS_GAP_MIN  # requests on the preferred weights before the others run once
+        self.since = 0
+        self.trying: str | None = None  # the weights the last request tried against the preferred ones
+        self.picks = {"adapter": 0, "base": 0}  # what this process's requests ran (bench reports it)
+
+    def pick(self, values: dict[str, float | None], adapter: str) -> str:
+        """``values``: each weights' expected gain over a plain step (None: never drafted with)."""
+        weights = self._pick(values, adapter)
+        self.picks["base" if weights == BASE_WEIGHTS else "adapter"] += 1
+        return weights
+
+    def _pick(self, values: dict[str, float | None], adapter: str) -> str:
+        base_value, adapter_value = values.get(BASE_WEIGHTS), values.get(adapter)
+        if adapter_value is None:
+            return adapter
+        if base_value is None:
+            self.trying = BASE_WEIGHTS
+            return BASE_WEIGHTS
+        best, other = (adapter, BASE_WEIGHTS) if adapter_value >= base_value else (BASE_WEIGHTS, adapter)
+        if self.trying is not None:  # the last request tried the others: did they win?
+            self.gap = WEIGHTS_GAP_MIN if self.trying == best else min(2 * self.gap, WEIGHTS_GAP_MAX)
+            self.trying, self.since = None, 0
+        if self.since >= self.gap:
+            self.trying, self.since = other, 0
+            return other
+        self.since += 1
+        return best
+
+    def state(self) -> list[int]:
+        return [self.gap, self.since]
+
+    def restore(self, saved: object) -> None:
+        if (isinstance(saved, list) and len(saved) == 2 and all(isinstance(x, int) for x in saved)
+                and WEIGHTS_GAP_MIN <= saved[0] <= WEIGHTS_GAP_MAX and saved[1] >= 0):
+            self.gap, self.since = saved
+
+
 class SourcePolicy(Protocol):
     """What the decoder asks of a policy (``CostPolicy`` or ``NoCostPolicy``)."""
 
     needs_measuring: bool
+
+    def prepare(self) -> None:
+        """A request starts (after the observers' ``on_start``): pick what it drafts with."""
 
     def order(self, sources: Sequence[DraftSource]) -> list[DraftSource]: ...
     def choose(self, offers: Sequence[tuple[Offer, bool]]) -> tuple[int, int]: ...
@@ -265,6 +400,9 @@ class NoCostPolicy:
     allowed, and nothing is measured or learned."""
 
     needs_measuring = False
+
+    def prepare(self) -> None:
+        pass  # the drafter runs the weights it was given
 
     def order(self, sources: Sequence[DraftSource]) -> list[DraftSource]:
         return free_first(sources)
@@ -331,6 +469,12 @@ class CostPolicy:
         # where the chain was first rejected at a depth a branch hangs from: whether that branch had the
         # target's token (the drafter's runner-up is right about 0.4 of the time where its first choice is not)
         self.branch_hits = AcceptanceStats(1, prior_mean=0.4, prior_strength=4.0, decay=0.99)
+        # the weights choice: the evidence of the weights not running now (the base weights and the
+        # newest adapter version, at most), what switches them, and when the others run once
+        self.shelf: dict[str, DrafterEvidence] = {}
+        self.switch: WeightsSwitch | None = None
+        self.weights_choice = WeightsChoice()
+        self._requests = 0  # requests that drafted with the running weights (DrafterEvidence.requests)
 
     @property
     def measured(self) -> bool:
@@ -424,7 +568,9 @@ class CostPolicy:
                 "lookup": {key: {"tried": st.tried, "accepted": st.accepted, "prior": [st.prior_mean, st.prior_strength]}
                            for key, st in lookups.items()},
                 "calibration": {"tried": self.calibration.tried, "accepted": self.calibration.accepted},
-                "weights": self.weights, "machine": self.machine,
+                "weights": self.weights, "machine": self.machine, "requests": self._requests,
+                "shelf": {key: ev.state() for key, ev in self.shelf.items()},
+                "weights_choice": self.weights_choice.state(),
                 "lookup_budget": self.explorations[True].state(), "drafter_budget": self.explorations[False].state()}
 
     def restore(self, state: dict) -> bool:
@@ -453,21 +599,79 @@ class CostPolicy:
             self.calibration.tried, self.calibration.accepted = c_tried, c_accepted
             weights = state.get("weights")
             self.weights = weights if isinstance(weights, str) else None
+            requests = state.get("requests")
+            self._requests = requests if isinstance(requests, int) and requests >= 0 else 0
+            self.shelf = self._restore_shelf(state.get("shelf"), same_machine=state.get("machine") == self.machine)
+            self.weights_choice.restore(state.get("weights_choice"))
             self.explorations[True].restore(state.get("lookup_budget"))
             self.explorations[False].restore(state.get("drafter_budget"))
         return ok
 
     def drafter_weights(self, key: str) -> None:
-        """The drafter now runs the weights ``key`` names (an adapter version, or "none"). Evidence
-        about other weights (a trainer's earlier version, or none) says little about these: keep a
-        share of it, so the next outcomes dominate, and explore soon, so a drafter that training
-        made worth drafting is noticed within a few steps rather than after up to EXPLORE_MAX."""
+        """The drafter now runs the weights ``key`` names (an adapter version, or BASE_WEIGHTS).
+
+        Weights drafted with before in this home (the base weights, or the adapter the weights choice
+        switched away from) bring back their own evidence. Other weights (a trainer's new version)
+        start from a share of the evidence about the weights before them, so the next outcomes
+        dominate, and the drafter explores soon, so one that training made worth drafting is noticed
+        within a few steps rather than after up to EXPLORE_MAX. The shelf keeps the base weights and
+        the newest adapter: an adapter version the trainer has replaced never runs again."""
         if key == self.weights:
             return
-        self.weights = key
-        self.stats.discount(KEEP_ON_NEW_WEIGHTS)
-        self.calibration.discount(KEEP_ON_NEW_WEIGHTS)
-        self.explorations[False].restart()
+        old, self.weights = self.weights, key
+        live = self._evidence()
+        if old is not None and (old == BASE_WEIGHTS or key == BASE_WEIGHTS):
+            self.shelf[old] = live
+        if key != BASE_WEIGHTS:  # one adapter at a time: an older version is dropped
+            self.shelf = {k: v for k, v in self.shelf.items() if k in (BASE_WEIGHTS, key)}
+        kept = self.shelf.pop(key, None)
+        if kept is None:
+            kept = live.inherited(KEEP_ON_NEW_WEIGHTS)
+            self.explorations[False].restart()
+        self._take(kept)
+
+    def _evidence(self) -> DrafterEvidence:
+        """The running weights' evidence (the live objects, not copies)."""
+        return DrafterEvidence(self.stats, self.calibration, self.draft_cost, self.read_cost, self._timed,
+                               self._requests)
+
+    def _take(self, evidence: DrafterEvidence) -> None:
+        self.acceptance[DRAFTER], self.calibration = evidence.stats, evidence.calibration
+        self.draft_cost, self.read_cost = evidence.draft_cost, evidence.read_cost
+        self._timed, self._requests = evidence.timed, evidence.requests
+
+    def weights_value(self, key: str) -> float | None:
+        """The expected gain of drafting with weights ``key`` over a plain step: tokens/s at the best
+        draft length over a plain step's (eq. (5) with that weights' acceptance and d); None where
+        these weights have not drafted a request here yet."""
+        evidence = self._evidence() if key == self.weights else self.shelf.get(key)
+        if evidence is None or evidence.requests == 0 or not self.measured or not evidence.draft_cost.known:
+            return None
+        k_max = self.k_max
+        rates = expected_rates(evidence.stats.rates(k_max), evidence.draft_cost.seconds_per_token,
+                               self._capped_verify(), k_max)
+        return max(rates) / rates[0]
+
+    def prepare(self) -> None:
+        """A request starts: where a switch holds an adapter, pick the weights it drafts with
+        (:class:`WeightsChoice`), and count the request for them."""
+        adapter = self.switch.adapter_weights if self.switch is not None else None
+        if adapter is not None and self.measured:
+            keys = (adapter, BASE_WEIGHTS)
+            self.switch.run(self.weights_choice.pick({k: self.weights_value(k) for k in keys}, adapter))
+        self._requests += 1
+
+    def _restore_shelf(self, saved: object, same_machine: bool) -> dict[str, DrafterEvidence]:
+        """The shelved weights' evidence of a saved state; what is malformed is left out, and costs
+        measured on another machine are dropped (observed again while drafting)."""
+        out: dict[str, DrafterEvidence] = {}
+        for key, entry in (saved.items() if isinstance(saved, dict) else ()):
+            evidence = DrafterEvidence.from_state(entry, self._evidence()) if isinstance(key, str) else None
+            if evidence is not None and key != self.weights:
+                if not same_machine:
+                    evidence.draft_cost, evidence.read_cost = DraftCost(alpha=0.1), DraftCost(alpha=0.1)
+                out[key] = evidence
+        return out
 
     def _restore_lookup(self, saved: object) -> dict[str, AcceptanceStats]:
         """The per-source lookup statistics of a saved state; what is malformed is left out."""

@@ -1,0 +1,206 @@
+"""The weights choice: per request the cost policy runs the drafter's adapter or its base weights,
+whichever its evidence expects to draft faster, and now and then the others (tiny random models and
+synthetic costs; the real pair in tests/test_online.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tiny import tiny_pair
+
+from omnidraft.adapter.store import BASE_WEIGHTS
+from omnidraft.config import DecodeConfig
+from omnidraft.costs import DraftCost, VerifyCosts
+from omnidraft.decode import SpeculativeDecoder
+from omnidraft.runtime import make_drafter
+from omnidraft.sources.policy import DRAFTER, KEEP_ON_NEW_WEIGHTS, WEIGHTS_GAP_MAX, WEIGHTS_GAP_MIN, CostPolicy, WeightsChoice
+
+CPU_COSTS = {0: 0.050, 1: 0.056, 2: 0.060, 4: 0.068, 8: 0.090}  # a target whose verifies grow slowly
+V1, V2 = "adapters/pair/v000001", "adapters/pair/v000002"
+
+
+class Switch:
+    """What the policy switches (the adapter slot's two methods), recording what each request ran."""
+
+    def __init__(self, policy: CostPolicy, adapter: str | None) -> None:
+        self.policy, self.adapter_weights, self.running = policy, adapter, adapter or BASE_WEIGHTS
+        self.ran: list[str] = []
+
+    def run(self, weights: str) -> None:
+        self.running = weights
+        self.policy.drafter_weights(weights)
+
+
+def policy_with(adapter: str | None = V1) -> tuple[CostPolicy, Switch]:
+    b = CostPolicy()
+    b.verify_costs, b.draft_cost = VerifyCosts(CPU_COSTS), DraftCost(0.006)
+    switch = Switch(b, adapter)
+    b.switch = switch
+    b.drafter_weights(switch.running)
+    return b, switch
+
+
+def serve(b: CostPolicy, switch: Switch, requests: int, drafters: dict[str, tuple[float, float]]) -> list[str]:
+    """``requests`` requests, each 20 drafts of 4 by the weights the policy picked, which cost and
+    accept as ``drafters[weights]`` says: (seconds per drafted token, share of drafts fully kept)."""
+    ran = []
+    for _ in range(requests):
+        b.prepare()
+        weights = switch.running
+        ran.append(weights)
+        d, kept_share = drafters["base" if weights == BASE_WEIGHTS else "adapter"]
+        for i in range(20):
+            b.draft_cost.observe(4, 4 * d)
+            b.stats.update(4, 4 if (i % 20) < kept_share * 20 else 0)
+    return ran
+
+
+def test_the_base_weights_run_where_the_adapter_accepts_no_more_and_costs_more_per_token():
+    """An adapter trained on other domains: the same acceptance here, its LoRA branches make each
+    drafted token dearer. After one request each, the base weights run; the adapter runs again
+    once per gap, and the gap doubles each time it confirms the choice."""
+    b, switch = policy_with()
+    ran = serve(b, switch, 40, {"adapter": (0.0085, 0.5), "base": (0.0060, 0.5)})
+    assert ran[0] == V1 and ran[1] == BASE_WEIGHTS  # the adapter's news first, then the base weights once
+    again = [i for i, w in enumerate(ran) if w == V1 and i > 0]
+    assert again and all(b - a > WEIGHTS_GAP_MIN for a, b in zip(again, again[1:]))
+    gaps = [b - a for a, b in zip(again, again[1:])]
+    assert gaps == sorted(gaps) and ran.count(BASE_WEIGHTS) >= 34
+    assert b.weights_choice.picks == {"adapter": ran.count(V1), "base": ran.count(BASE_WEIGHTS)}
+
+
+def test_the_adapter_runs_where_it_accepts_enough_more_to_pay_for_its_cost():
+    b, switch = policy_with()
+    ran = serve(b, switch, 40, {"adapter": (0.0085, 0.8), "base": (0.0060, 0.3)})
+    assert ran[1] == BASE_WEIGHTS and ran.count(V1) >= 34
+    assert b.weights_value(V1) > b.weights_value(BASE_WEIGHTS)
+
+
+def test_a_change_of_domain_is_followed_within_a_gap():
+    """The user moves to text the adapter learnt: its next turn on the adapter shows it, and from the
+    request after that the adapter is the choice, the base weights running once per gap."""
+    b, switch = policy_with()
+    serve(b, switch, 12, {"adapter": (0.0085, 0.3), "base": (0.0060, 0.3)})
+    assert switch.running == BASE_WEIGHTS
+    ran = serve(b, switch, 3 * WEIGHTS_GAP_MAX, {"adapter": (0.0085, 0.9), "base": (0.0060, 0.3)})
+    first = ran.index(V1)
+    after = ran[first + 1:]
+    assert first <= WEIGHTS_GAP_MAX and after[0] == V1 and after.count(BASE_WEIGHTS) <= len(after) // WEIGHTS_GAP_MIN
+
+
+def test_switching_back_brings_back_each_weights_own_evidence_and_a_new_version_inherits_a_share():
+    b, switch = policy_with()
+    b.stats.update(4, 4)
+    adapter_tried, adapter_d = list(b.stats.tried), b.draft_cost.seconds_per_token
+    switch.run(BASE_WEIGHTS)
+    b.draft_cost.observe(4, 4 * 0.002)
+    for _ in range(5):
+        b.stats.update(4, 0)
+    base_tried, base_d = list(b.stats.tried), b.draft_cost.seconds_per_token
+    switch.run(V1)
+    assert b.stats.tried == adapter_tried and b.draft_cost.seconds_per_token == adapter_d  # not discounted
+    b.drafter_weights(V2)  # the trainer's next version: a share of v1's evidence, none of the base's
+    assert b.stats.tried == pytest.approx([t * KEEP_ON_NEW_WEIGHTS for t in adapter_tried])
+    assert set(b.shelf) == {BASE_WEIGHTS}  # v1 will not run again
+    b.drafter_weights(BASE_WEIGHTS)
+    assert b.stats.tried == base_tried and b.draft_cost.seconds_per_token == base_d
+    assert b.weights_value(V2) is None  # inherited numbers are not evidence: v2 runs at the next request
+    assert WeightsChoice().pick({V2: None, BASE_WEIGHTS: 2.0}, V2) == V2
+
+
+def test_the_evidence_of_both_weights_and_the_schedule_are_kept_with_the_policy(tmp_path):
+    b, switch = policy_with()
+    serve(b, switch, 8, {"adapter": (0.0085, 0.5), "base": (0.0060, 0.5)})
+    b.keep_at(tmp_path / "pair.json")
+    b.save()
+    again = CostPolicy()
+    again.keep_at(tmp_path / "pair.json")
+    assert again.weights == b.weights and set(again.shelf) == set(b.shelf)
+    for key in (V1, BASE_WEIGHTS):
+        assert again.weights_value(key) == pytest.approx(b.weights_value(key))
+    assert again.weights_choice.state() == b.weights_choice.state()
+    moved = CostPolicy()  # another machine: acceptance kept, the shelved weights' costs measured again
+    moved.keep_at(tmp_path / "pair.json", machine="another cpu")
+    (shelved,) = moved.shelf.values()
+    assert not shelved.draft_cost.known and shelved.stats.tried == next(iter(b.shelf.values())).stats.tried
+
+
+@pytest.mark.parametrize("entry", [None, "x", {"stats": {"tried": [1.0], "accepted": [2.0]}},
+                                   {"stats": {"tried": [1.0] * 16, "accepted": [2.0] * 16},
+                                    "calibration": {"tried": [1.0] * 10, "accepted": [0.0] * 10}},
+                                   {"stats": {"tried": [1.0] * 16, "accepted": [0.0] * 16},
+                                    "calibration": {"tried": [1.0] * 10, "accepted": [0.0] * 10}, "requests": -1}])
+def test_a_damaged_shelf_entry_is_left_out_and_the_rest_restored(tmp_path, entry):
+    import json
+
+    b, switch = policy_with()
+    serve(b, switch, 3, {"adapter": (0.0085, 0.5), "base": (0.0060, 0.5)})
+    b.keep_at(tmp_path / "pair.json")
+    b.save()
+    state = json.loads((tmp_path / "pair.json").read_text())
+    state["shelf"]["adapters/other"] = entry
+    state["weights_choice"] = [WEIGHTS_GAP_MAX * 2, 0]  # out of range: a fresh schedule
+    (tmp_path / "pair.json").write_text(json.dumps(state))
+    again = CostPolicy()
+    again.keep_at(tmp_path / "pair.json")
+    assert again.measured and set(again.shelf) == set(b.shelf)
+    assert again.weights_choice.gap == WEIGHTS_GAP_MIN
+
+
+def test_the_slot_runs_the_base_weights_with_the_adapter_kept_and_the_cache_kept(tmp_path):
+    """The switch itself on a tiny drafter: base logits, then the adapter's again; the KV cache kept;
+    the acceptance head only with the adapter; the output the target's with either."""
+    import torch
+
+    from omnidraft.adapter import store
+    from omnidraft.adapter.head import AcceptHead
+    from omnidraft.adapter.slot import AdapterSlot
+    from omnidraft.train.publish import save as publish
+
+    from test_adapter_store import IDENTITY, _peft
+
+    d_model, target, bridge = tiny_pair()
+    drafter = make_drafter(d_model, bridge, target)
+    ids = [3, 4, 5, 6]
+    base_logits = drafter.lm.logits_for(ids).clone()
+    drafter.reset()
+    head = AcceptHead(drafter.lm.hidden_size)
+    path = publish(tmp_path / "pair", _peft(), {"identity": vars(IDENTITY)}, head_state=head.state_dict())
+    slot = AdapterSlot(drafter, IDENTITY, tmp_path / "pair")
+    told: list[str] = []
+    slot.listeners.append(told.append)
+    slot.use(store.load(path, IDENTITY))
+    adapter_logits = drafter.lm.logits_for(ids).clone()
+    assert not torch.allclose(adapter_logits, base_logits) and drafter.head is not None
+    slot.run(BASE_WEIGHTS)
+    assert drafter.lm.cached_ids == ids and drafter.head is None and slot.current is not None
+    assert slot.weights == BASE_WEIGHTS and slot.adapter_weights == str(path) and "base weights" in slot.description
+    drafter.reset()
+    assert torch.allclose(drafter.lm.logits_for(ids), base_logits, atol=1e-5)
+    slot.run(slot.adapter_weights)
+    drafter.reset()
+    assert torch.allclose(drafter.lm.logits_for(ids), adapter_logits, atol=1e-5) and drafter.head is not None
+    assert told == [str(path), BASE_WEIGHTS, str(path)]
+    with pytest.raises(ValueError, match="no weights"):
+        slot.run("adapters/elsewhere")
+
+    decoder = SpeculativeDecoder(target, drafter, bridge)
+    slot.listeners.append(decoder.cost_policy.drafter_weights)
+    decoder.cost_policy.drafter_weights(slot.weights)
+    decoder.cost_policy.switch = slot
+    decoder.observers.append(slot)
+    prompt = target.tokenizer.encode("the cat sat on")
+    alone = SpeculativeDecoder(target).generate(prompt, DecodeConfig(max_new_tokens=12, lookup=False)).token_ids
+    ran = []
+    for _ in range(3):
+        out = decoder.generate(prompt, DecodeConfig(max_new_tokens=12))
+        ran.append(slot.weights)
+        assert out.token_ids == alone
+    assert ran[:2] == [str(path), BASE_WEIGHTS]  # the adapter first, the base weights once next
+    assert decoder.cost_policy.stats is decoder.cost_policy.acceptance[DRAFTER]
+
+
+def test_without_an_adapter_nothing_is_switched():
+    b, switch = policy_with(adapter=None)
+    serve(b, switch, 3, {"adapter": (0.0085, 0.5), "base": (0.0060, 0.5)})
+    assert b.weights_choice.picks == {"adapter": 0, "base": 0} and b.shelf == {}
