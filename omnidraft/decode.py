@@ -179,6 +179,7 @@ class SpeculativeDecoder:
         # the sources this request drafts with, and the policy that weighs them (one choice per request)
         policy: SourcePolicy = (AheadPolicy() if streaming else self.cost_policy if config.draft_stop == "auto"
                                 and self.sources else NoCostPolicy())
+        policy.prepare()  # the drafter weights of this request, before the sources plan their drafts with them
         sources = policy.order([s for s in self.sources if s.begin(ids, config, policy)])
         self.stats = DecodeStats()
         if self.ngrams is not None:
@@ -189,8 +190,7 @@ class SpeculativeDecoder:
         observers = list(self.observers)
         start = time.perf_counter()
         for obs in observers:
-            obs.on_start(ids)  # a trainer's new adapter version is taken here
-        policy.prepare()  # ... and then the weights this request drafts with are chosen
+            obs.on_start(ids)
 
         def between() -> None:  # the only moment drafter weights may change
             for obs in observers:

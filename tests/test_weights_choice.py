@@ -26,6 +26,9 @@ class Switch:
         self.policy, self.adapter_weights, self.running = policy, adapter, adapter or BASE_WEIGHTS
         self.ran: list[str] = []
 
+    def refresh(self) -> None:
+        pass  # no trainer
+
     def run(self, weights: str) -> None:
         self.running = weights
         self.policy.drafter_weights(weights)
@@ -191,12 +194,14 @@ def test_the_slot_runs_the_base_weights_with_the_adapter_kept_and_the_cache_kept
     decoder.observers.append(slot)
     prompt = target.tokenizer.encode("the cat sat on")
     alone = SpeculativeDecoder(target).generate(prompt, DecodeConfig(max_new_tokens=12, lookup=False)).token_ids
-    ran = []
+    ran, heads = [], []
     for _ in range(3):
         out = decoder.generate(prompt, DecodeConfig(max_new_tokens=12))
         ran.append(slot.weights)
+        heads.append(decoder.cost_policy._stop.head)  # what the request's stop rule read its estimates from
         assert out.token_ids == alone
     assert ran[:2] == [str(path), BASE_WEIGHTS]  # the adapter first, the base weights once next
+    assert heads[0] is slot._head and heads[1] is None  # each request's drafts stop by its own weights' head
     assert decoder.cost_policy.stats is decoder.cost_policy.acceptance[DRAFTER]
 
 

@@ -47,6 +47,7 @@ class AdapterSlot(DecodeObserver):
         self.listeners: list[Callable[[str], None]] = []  # told ``weights`` after every change
         self.on_base = False  # the adapter is loaded but this request drafts with the base weights (``run``)
         self._head = None  # the loaded adapter's acceptance head
+        self._refreshed = False  # the trainer was asked for this request already (before ``on_start``)
 
     @property
     def adapter_weights(self) -> str | None:
@@ -95,10 +96,13 @@ class AdapterSlot(DecodeObserver):
             listener(self.weights)
 
     def on_start(self, prompt_ids: Sequence[int]) -> None:
-        self.refresh()
+        if not self._refreshed:  # where the slot is the cost policy's switch, its ``prepare`` looked already
+            self.refresh()
+        self._refreshed = False
 
     def refresh(self) -> None:
         """Take the newest version the trainer published since the last look, if any."""
+        self._refreshed = True
         if self.source is not None:
             published = self.source.poll()
             if published is not None:

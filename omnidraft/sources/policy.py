@@ -311,6 +311,9 @@ class WeightsSwitch(Protocol):
     def adapter_weights(self) -> str | None:
         """The loaded adapter's weights key (None: no adapter, nothing to choose)."""
 
+    def refresh(self) -> None:
+        """Take the trainer's newest adapter version, if it published one."""
+
     def run(self, weights: str) -> None:
         """Draft this request with ``weights`` (the adapter's key or BASE_WEIGHTS)."""
 
@@ -374,7 +377,7 @@ class SourcePolicy(Protocol):
     needs_measuring: bool
 
     def prepare(self) -> None:
-        """A request starts (after the observers' ``on_start``): pick what it drafts with."""
+        """A request starts (before its sources begin): pick the weights it drafts with."""
 
     def order(self, sources: Sequence[DraftSource]) -> list[DraftSource]: ...
     def choose(self, offers: Sequence[tuple[Offer, bool]]) -> tuple[int, int]: ...
@@ -653,8 +656,11 @@ class CostPolicy:
         return max(rates) / rates[0]
 
     def prepare(self) -> None:
-        """A request starts: where a switch holds an adapter, pick the weights it drafts with
-        (:class:`WeightsChoice`), and count the request for them."""
+        """A request starts: where a switch holds an adapter, take the trainer's newest version and
+        pick the weights the request drafts with (:class:`WeightsChoice`); count the request for them.
+        Before the sources begin: the drafter's plan holds the weights' acceptance head."""
+        if self.switch is not None:
+            self.switch.refresh()
         adapter = self.switch.adapter_weights if self.switch is not None else None
         if adapter is not None and self.measured:
             keys = (adapter, BASE_WEIGHTS)
