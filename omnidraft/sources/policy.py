@@ -563,15 +563,12 @@ class CostPolicy:
 
     def state(self) -> dict:
         lookups = {key: st for key, st in self.acceptance.items() if key != DRAFTER}
-        return {"format": STATE_FORMAT,
+        # the running weights' evidence (stats, calibration, draft_s, read_s, requests) at the top level
+        return {"format": STATE_FORMAT, **self._evidence().state(),
                 "verify_s": {str(k): v for k, v in (self.verify_costs.table.items() if self.verify_costs else [])},
-                "draft_s": self.draft_cost.seconds_per_token if self.draft_cost.known else None,
-                "read_s": self.read_cost.seconds_per_token if self.read_cost.known else None,
-                "stats": {"tried": self.stats.tried, "accepted": self.stats.accepted},
                 "lookup": {key: {"tried": st.tried, "accepted": st.accepted, "prior": [st.prior_mean, st.prior_strength]}
                            for key, st in lookups.items()},
-                "calibration": {"tried": self.calibration.tried, "accepted": self.calibration.accepted},
-                "weights": self.weights, "machine": self.machine, "requests": self._requests,
+                "weights": self.weights, "machine": self.machine,
                 "shelf": {key: ev.state() for key, ev in self.shelf.items()},
                 "weights_choice": self.weights_choice.state(),
                 "lookup_budget": self.explorations[True].state(), "drafter_budget": self.explorations[False].state()}
