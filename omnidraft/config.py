@@ -51,6 +51,10 @@ class DecodeConfig:
     # Whether the adapter's acceptance head (when it has one) gives the stop rule its estimates;
     # False: the calibrated max q, as for a drafter without an adapter (the bench's greedy-nohead).
     use_head: bool = True
+    # Token healing (text translation): a context that ends in a whitespace drafter token is drafted
+    # from before it, the first token constrained to begin with its bytes (``vocab/healing.py``).
+    # False: the bench's greedy-noheal, what healing gains or costs.
+    heal: bool = True
     # How drafted tokens become target tokens: "tokens" is the paper's direct mapping + n-gram
     # cache (eq. (1), needed by the sampling rules); "text" re-tokenizes the drafted text with the
     # target tokenizer (SLEM-style, greedy only); "auto" picks the rule's first choice.

@@ -28,9 +28,11 @@ from omnidraft.ngram.trie import NgramCache, NgramTrie
 # costs, measured in the same run. greedy-nohead: greedy with the adapter but without its acceptance head (the
 # stop rule reads the calibrated max q): what the head gains or costs. greedy-adapter: greedy with the
 # adapter on every request, where greedy (as generate and chat) lets the cost policy run the base
-# weights for requests where they are expected to draft faster.
+# weights for requests where they are expected to draft faster. greedy-noheal: greedy without token healing
+# (the drafter drafts after all of its context, even a bare line break: vocab/healing.py).
 OUR_MODES = ("target", "target-sample", "greedy", "greedy-ngram", "greedy-nocache", "tli", "omnidraft", "text-sample", "rdk", "slrs",
-             "lookup", "greedy-nolookup", "greedy-repeat", "greedy-base", "greedy-chain", "greedy-nohead", "greedy-adapter")
+             "lookup", "greedy-nolookup", "greedy-repeat", "greedy-base", "greedy-chain", "greedy-nohead", "greedy-adapter",
+             "greedy-noheal")
 BASE_MODES = ("greedy-base",)  # the drafter without its adapter (a fork with base weights)
 SAMPLING_MODES = ("tli", "omnidraft", "text-sample", "rdk", "slrs", "hf-uag-sample", "target-sample")  # at --sample-temperature
 HF_MODES = ("hf-target", "hf-uag", "hf-lookup", "hf-uag-sample")
@@ -52,7 +54,7 @@ ALL_MODES = OUR_MODES + ("greedy-onnx", "greedy-gguf") + HF_MODES + LLAMA_MODES 
 DEFAULT_MODES = ("target", "hf-target", "hf-uag", "greedy", "greedy-ngram", "greedy-nocache", "tli", "omnidraft")
 GREEDY_MODES = ("target", "hf-target", "hf-uag", "hf-lookup", "greedy", "greedy-ngram", "greedy-nocache", "greedy-onnx",
                 "greedy-gguf", "lookup", "greedy-nolookup", "greedy-repeat", "greedy-base", "greedy-chain", "greedy-nohead",
-                "greedy-adapter") + LLAMA_MODES + STREAM_MODES
+                "greedy-adapter", "greedy-noheal") + LLAMA_MODES + STREAM_MODES
 
 
 def baseline_of(mode: str, available: Collection[str] = ()) -> str:
@@ -420,6 +422,7 @@ def build_modes(pipe, modes: Sequence[str], base: DecodeConfig, temperature: flo
         "greedy-nolookup": lambda: spec(cfg(verify="greedy", translate="text", lookup=False), ngrams_factory()),
         "greedy-chain": lambda: spec(cfg(verify="greedy", translate="text", branch_rows=0), ngrams_factory()),
         "greedy-nohead": lambda: spec(cfg(verify="greedy", translate="text", use_head=False), ngrams_factory()),
+        "greedy-noheal": lambda: spec(cfg(verify="greedy", translate="text", heal=False), ngrams_factory()),
         "greedy-base": lambda: our_mode(SpeculativeDecoder(target, base_drafter, bridge, ngrams_factory()),
                                         cfg(verify="greedy", translate="text")),
         "lookup@llamacpp": lambda: our_mode(SpeculativeDecoder(llama, lookup=True), cfg(verify="greedy")),

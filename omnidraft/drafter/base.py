@@ -24,6 +24,9 @@ class Draft:
     read_s: float = 0.0  # seconds spent reading the context before the first token (cache catch-up)
     read_tokens: int = 0  # tokens that read fed (the context past the cache's common prefix)
     runners_up: list[int] = field(default_factory=list)  # the best other allowed token at each position (-1: none)
+    # token healing (``vocab/healing.py``): the bytes of the text's last drafter token, which ``context``
+    # leaves out and the first drafted token spells again (b"": the draft continues all of the text)
+    overlap: bytes = b""
 
 
 class DraftLM(Protocol):

@@ -179,12 +179,13 @@ class Drafter:
         return left
 
     @torch.inference_mode()
-    def draft(self, context: Sequence[int], k: int, policy: DraftPolicy) -> Draft:
-        """Draft up to ``k`` tokens after ``context`` (drafter ids) under ``policy``."""
-        return self.draft_after(self._window(context, k), k, policy)
+    def draft(self, context: Sequence[int], k: int, policy: DraftPolicy, first: torch.Tensor | None = None) -> Draft:
+        """Draft up to ``k`` tokens after ``context`` (drafter ids) under ``policy``; ``first``: a bias
+        added for the first token only (token healing's constraint: ``vocab/healing.py``)."""
+        return self.draft_after(self._window(context, k), k, policy, first)
 
     @torch.inference_mode()
-    def draft_after(self, window: Sequence[int], k: int, policy: DraftPolicy) -> Draft:
+    def draft_after(self, window: Sequence[int], k: int, policy: DraftPolicy, first: torch.Tensor | None = None) -> Draft:
         """Draft up to ``k`` tokens after exactly ``window`` (a window ``draft`` chose, perhaps grown
         by drafted tokens: a fork off the line), leaving the window's state as it was."""
         tokens: list[int] = []
@@ -198,6 +199,8 @@ class Drafter:
         read_s = time.perf_counter() - start
         for step in range(k):
             masked = logits + policy.constraint.bias()
+            if step == 0 and first is not None:
+                masked = masked + first
             token, q = policy.sampler.choose(masked)
             if policy.runners_up:
                 runners_up.append(runner_up(masked, token))

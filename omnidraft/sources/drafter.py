@@ -36,6 +36,7 @@ from omnidraft.vocab.reverse import DrafterContext
 from omnidraft.vocab.slrs import StringTranslator, check_lookahead
 from omnidraft.vocab.translate import (
     BranchingTranslator,
+    HealingTranslator,
     RedistributingTranslator,
     TextTranslator,
     TokenTranslator,
@@ -58,6 +59,7 @@ class Plan:
 
     translator: Translator
     policy: DraftPolicy
+    heals: bool = False  # token healing: the translator carries healed drafts and the request wants them
 
 
 class ModelDraft:
@@ -128,8 +130,13 @@ class ModelDraft:
         resumed = self._behind or not self.drafter.lm.cached_ids
         context = self._context(ids)
         self._behind = False
+        heal = self._heal(context.ids)
         t1 = time.perf_counter()
-        draft = self.drafter.draft(context.ids, k, self._plan.policy)
+        if heal is None:
+            draft = self.drafter.draft(context.ids, k, self._plan.policy)
+        else:  # token healing: the context's last (whitespace) token is drafted again, as the drafter spells it
+            draft = self.drafter.draft(context.ids[:-1], k, self._plan.policy, first=heal[1])
+            draft.overlap = heal[0]
         t2 = time.perf_counter()
         translator = self._plan.translator
         tr = translator.forward(ids, draft)
@@ -149,7 +156,15 @@ class ModelDraft:
         prompt's catch-up); how many it would still read beyond ``limit`` (``Drafter.read``; ``cap``
         as there). The streaming device reads a long prompt this way, so that a stream that ends
         meanwhile waits for one piece, not the whole read."""
-        return self.drafter.read(self._context(ids).ids, k, limit, cap)
+        context = self._context(ids).ids
+        return self.drafter.read(context[:-1] if self._heal(context) else context, k, limit, cap)
+
+    def _heal(self, context: list[int]) -> tuple[bytes, torch.Tensor] | None:
+        """Token healing for a draft after the drafter ids ``context`` (``vocab/healing.py``), where the
+        request's translator carries healed drafts: the bytes drafted again and the first token's bias."""
+        if self._plan is None or not self._plan.heals:  # (a chat reads ahead before its next request begins)
+            return None
+        return self._plan.translator.heal(context, self.drafter.lm.vocab_size)
 
     def token_seconds(self, ids: list[int]) -> float:
         """Seconds per token the drafter takes to draft here, timed once: the better of two steps on
@@ -178,7 +193,8 @@ class ModelDraft:
         other = draft.runners_up[index] if draft is not None and index < len(draft.runners_up) else -1
         if other < 0:
             return None
-        path = Draft(list(draft.tokens[:index]) + [other], None, draft.context, runners_up=[-1] * (index + 1))
+        path = Draft(list(draft.tokens[:index]) + [other], None, draft.context, runners_up=[-1] * (index + 1),
+                     overlap=draft.overlap)
         return self.extend(ids, Proposal([], path), k)
 
     def extend(self, ids: list[int], proposal: Proposal, k: int) -> Proposal:
@@ -189,8 +205,9 @@ class ModelDraft:
         draft = proposal.draft
         more = self.drafter.draft_after(list(draft.context) + draft.tokens, k, self._plan.policy)
         tokens = draft.tokens + more.tokens
-        longer = Draft(tokens, None, draft.context, len(tokens), runners_up=draft.runners_up + more.runners_up)
-        return Proposal(self.bridge.forward_text(ids, tokens).target_ids, longer)
+        longer = Draft(tokens, None, draft.context, len(tokens), runners_up=draft.runners_up + more.runners_up,
+                       overlap=draft.overlap)
+        return Proposal(self.bridge.forward_text(ids, tokens, overlap=draft.overlap).target_ids, longer)
 
     def _context(self, ids: list[int]) -> DrafterContext:
         """The drafter's context for the text ``ids``, the tokens it has not taken in yet appended."""
@@ -286,7 +303,7 @@ class ModelDraft:
         takes_branches = getattr(self.verifier, "trees", False) or getattr(self.verifier, "streams", False)
         draft_policy.runners_up = (config.verify == "greedy" and policy.may_branch(config.branch_rows)
                                    and isinstance(translator, BranchingTranslator) and takes_branches)
-        return Plan(translator, draft_policy)
+        return Plan(translator, draft_policy, config.heal and isinstance(translator, HealingTranslator))
 
     def translator(self, translation: str, propose_ngrams: bool, learn_ngrams: bool, lookahead: int = 1) -> Translator:
         """One translator per kind, kept for the source's life (they hold masks and memos)."""

@@ -116,7 +116,8 @@ class VocabBridge:
         return out
 
     # ---- forward translation through text (SLEM-style, greedy only) ----------------------------
-    def forward_text(self, context: Sequence[int], drafted: Sequence[int], look_behind: int = 3) -> Translation:
+    def forward_text(self, context: Sequence[int], drafted: Sequence[int], look_behind: int = 3,
+                     overlap: bytes = b"") -> Translation:
         """Re-tokenize the drafted *text* with the target tokenizer, after a look-behind of context.
 
         Token-level mapping cannot express a drafter token that spans two target tokens: SmolLM2
@@ -124,7 +125,8 @@ class VocabBridge:
         every line break of code would be rejected. Re-tokenizing the text (what SLEM does) aligns
         any split. Greedy verification stays lossless whatever is proposed; the sampling verifiers
         need per-token q and use :meth:`forward`. ``spans`` are left empty: the mapping from target
-        to drafted tokens is by bytes (see ``DrafterContext.extend_accepted_bytes``).
+        to drafted tokens is by bytes (see ``DrafterContext.extend_accepted_bytes``). ``overlap``: the
+        drafted text's first bytes, which the context already ends with (a healed draft: ``Draft.overlap``).
         """
         out = Translation()
         text, tail_special = bytearray(), None
@@ -135,6 +137,10 @@ class VocabBridge:
                 tail_special = mapped if mapped >= 0 else None
                 break
             text += data
+        if overlap:
+            if not text.startswith(overlap):
+                raise ValueError("a healed draft must begin with the bytes it heals")
+            del text[:len(overlap)]
         start = len(context)
         while start > 0 and len(context) - start < look_behind and self.t.token_bytes[context[start - 1]] is not None:
             start -= 1

@@ -40,6 +40,7 @@ from omnidraft.verify.sampling import draw, probs_from_logits
 from omnidraft.verify.tree import Branch
 from omnidraft.vocab.affinity import DEFAULT_TAU, kernel_for
 from omnidraft.vocab.bridge import Translation, VocabBridge
+from omnidraft.vocab.healing import TokenHealing
 from omnidraft.vocab.reverse import DrafterContext, drafted_inside
 
 
@@ -71,6 +72,16 @@ class BranchingTranslator(Translator, Protocol):
     def branches(self, context: Sequence[int], draft: Draft, tr: Translation, rows: int) -> list[Branch]: ...
 
 
+@runtime_checkable
+class HealingTranslator(Translator, Protocol):
+    """A translator that carries healed drafts (``vocab/healing.py``): the drafter drafts the context's
+    last token again, and the translator drops its bytes from the draft's text (``Draft.overlap``)."""
+
+    def heal(self, context: Sequence[int], vocab_size: int) -> tuple[bytes, torch.Tensor] | None:
+        """For a draft after the drafter ids ``context``: the last token's bytes and the first drafted
+        token's bias, or None where the draft continues all of ``context``."""
+
+
 # ---------------------------------------------------------------- text
 
 
@@ -96,6 +107,7 @@ class TextTranslator:
     def __init__(self, bridge: VocabBridge, learn: NgramCache | None = None) -> None:
         self.bridge, self.learn = bridge, learn
         self._bias: dict[int, torch.Tensor] = {}
+        self._healing: dict[int, TokenHealing] = {}
 
     def draft_policy(self, base: Sampler, stop: StopRule, vocab_size: int) -> DraftPolicy:
         return DraftPolicy(base, self.constraint(vocab_size), stop)
@@ -110,13 +122,24 @@ class TextTranslator:
             self._bias[vocab_size] = bias
         return FixedConstraint(self._bias[vocab_size])
 
+    def heal(self, context: Sequence[int], vocab_size: int) -> tuple[bytes, torch.Tensor] | None:
+        if len(context) < 2:  # the drafter reads at least one token before it drafts
+            return None
+        if vocab_size not in self._healing:
+            self._healing[vocab_size] = TokenHealing(self.bridge.d.token_bytes, vocab_size)
+        return self._healing[vocab_size].heal(context[-1])
+
     def forward(self, context: Sequence[int], draft: Draft) -> Translation:
-        return self.bridge.forward_text(context, draft.tokens)
+        return self.bridge.forward_text(context, draft.tokens, overlap=draft.overlap)
 
     def reverse(self, ctx: DrafterContext, draft: Draft, tr: Translation, emitted: list[int], accepted: int) -> None:
-        """Accepted text keeps the drafted tokens that lie wholly inside it; the rest is re-tokenized."""
+        """Accepted text keeps the drafted tokens that lie wholly inside it; the rest is re-tokenized.
+        A healed draft's first token spells the context's last token again: that token is taken off and
+        its bytes lead the accepted text, so the drafter's spelling of the boundary is kept where accepted."""
         kept = min(accepted, len(emitted))
-        accepted_bytes = b"".join(self.bridge.target_bytes(t) or b"" for t in emitted[:kept])
+        accepted_bytes = draft.overlap + b"".join(self.bridge.target_bytes(t) or b"" for t in emitted[:kept])
+        if draft.overlap:
+            ctx.truncate(len(ctx.ids) - 1)
         leftover = ctx.extend_accepted_bytes(draft.tokens, accepted_bytes)
         for tok in emitted[kept:]:
             ctx.append_target(tok, self.learn, before=leftover)
@@ -125,7 +148,7 @@ class TextTranslator:
             ctx.append_bytes(leftover)
 
     def drafted_kept(self, draft: Draft, tr: Translation, accepted: int, proposed: list[int]) -> int:
-        text = b"".join(self.bridge.target_bytes(t) or b"" for t in proposed[:accepted])
+        text = draft.overlap + b"".join(self.bridge.target_bytes(t) or b"" for t in proposed[:accepted])
         return drafted_inside(self.bridge, draft.tokens, text)[0]
 
     def branches(self, context: Sequence[int], draft: Draft, tr: Translation, rows: int) -> list[Branch]:
@@ -143,7 +166,7 @@ class TextTranslator:
                 break
             if other < 0:
                 continue
-            ids = self.bridge.forward_text(context, draft.tokens[:i] + [other]).target_ids
+            ids = self.bridge.forward_text(context, draft.tokens[:i] + [other], overlap=draft.overlap).target_ids
             depth = common_prefix_len(ids, tr.target_ids)
             if depth >= len(ids) or (depth, ids[depth]) in seen:
                 continue
