@@ -40,7 +40,8 @@ ASSISTED_MODES = ("hf-uag", "hf-uag-sample")  # transformers' assisted generatio
 # On llama.cpp: its own greedy loop (llama-cpp-python's ``Llama.generate``), our loop with the
 # target alone, ours with the cost-aware draft policy, and ours drafting blindly (always k = 4).
 LLAMA_MODES = ("llamacpp", "target@llamacpp", "greedy@llamacpp", "greedy-k4@llamacpp", "greedy-onnx@llamacpp",
-               "greedy-gguf@llamacpp", "lookup@llamacpp", "greedy-nolookup@llamacpp", "greedy-repeat@llamacpp")
+               "greedy-gguf@llamacpp", "lookup@llamacpp", "greedy-nolookup@llamacpp", "greedy-repeat@llamacpp",
+               "greedy-noheal@llamacpp")
 ONNX_MODES = ("greedy-onnx", "greedy-onnx@llamacpp")  # the drafter on onnxruntime (the home's export)
 GGUF_MODES = ("greedy-gguf", "greedy-gguf@llamacpp")  # the drafter's GGUF on llama.cpp
 # Against a target on a server: it decodes alone and streams (``server-stream``: what a thin client
@@ -428,6 +429,8 @@ def build_modes(pipe, modes: Sequence[str], base: DecodeConfig, temperature: flo
         "lookup@llamacpp": lambda: our_mode(SpeculativeDecoder(llama, lookup=True), cfg(verify="greedy")),
         "greedy-nolookup@llamacpp": lambda: our_mode(SpeculativeDecoder(llama, drafter, bridge, ngrams_factory()),
                                                      cfg(verify="greedy", translate="text", lookup=False)),
+        "greedy-noheal@llamacpp": lambda: our_mode(SpeculativeDecoder(llama, drafter, bridge, ngrams_factory()),
+                                                    cfg(verify="greedy", translate="text", heal=False)),
         "greedy-repeat": lambda: repeat_mode(SpeculativeDecoder(target, drafter, bridge, ngrams_factory(),
                                                                 history=scratch_history(target.tokenizer)),
                                              cfg(verify="greedy", translate="text")),
