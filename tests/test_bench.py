@@ -236,3 +236,36 @@ def test_the_assistant_steps_in_the_torch_dtype_timed_faster():
     assert fastest_torch_dtype(choice(26.1, 48.0)) == "float32"  # no AMX: bf16 is emulated
     assert fastest_torch_dtype(choice(33.0, 20.0)) == "bfloat16"
     assert fastest_torch_dtype(None) == "float32"  # nothing timed: transformers' own default
+
+
+HAS_CLOSE = '''from typing import List
+
+
+def has_close_elements(numbers: List[float], threshold: float) -> bool:
+    """ Check if in given list of numbers, are any two numbers closer to each other than
+    given threshold.
+    >>> has_close_elements([1.0, 2.0, 3.0], 0.5)
+    False
+    >>> has_close_elements([1.0, 2.8, 3.0, 4.0, 5.0, 2.0], 0.3)
+    True
+    """
+'''
+
+
+@pytest.mark.real
+def test_transformers_assisted_generation_decodes_a_code_prompt_through_many_drafts(real_models):
+    """The bench's assisted baseline (transformers' universal assisted generation with our drafter as its
+    assistant) must run a real code prompt through many drafts and give the target's own greedy tokens.
+    transformers 5.25 crashed there after a few drafts (an empty assistant input once its cache was
+    rolled back): pyproject's pin keeps that release out, and this test finds such a release if the pin
+    is raised."""
+    from omnidraft.bench.runner import hf_mode
+    from omnidraft.runtime import encode_prompt
+
+    t_model, t_tok = real_models("builtin:qwen2.5-coder-0.5b")
+    d_model, d_tok = real_models(DRAFTER)
+    ids = encode_prompt(t_tok, HAS_CLOSE)
+    plain = hf_mode(t_model, t_tok, 32)(ids)
+    assisted = hf_mode(t_model, t_tok, 32, d_model, d_tok)(ids)
+    assert assisted.token_ids == plain.token_ids and len(plain.token_ids) == 32
+    assert assisted.drafted_tokens > 0 and assisted.target_forwards < 32  # it drafted, and drafts were kept
