@@ -124,6 +124,16 @@ def greedy_with_backend(lm, real_models, target_spec: str = "builtin:qwen2.5-cod
 
 
 @pytest.fixture(scope="session")
+def qwen_bridge(real_models):
+    """The SmolLM2 -> Qwen2.5 vocabulary bridge on the real tokenizers."""
+    from omnidraft.runtime import build_bridge
+
+    d_model, d_tok = real_models(DRAFTER)
+    t_model, t_tok = real_models("builtin:qwen2.5-coder-0.5b")
+    return build_bridge(d_model, d_tok, t_model, t_tok)
+
+
+@pytest.fixture(scope="session")
 def real_pipeline(real_models):
     """target spec -> (SpeculativeDecoder with SmolLM2 drafter, target model, target tokenizer)."""
     from omnidraft.decode import SpeculativeDecoder

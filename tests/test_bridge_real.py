@@ -101,13 +101,6 @@ def test_bytes_the_drafter_cannot_spell_are_skipped_not_fatal(bridge):
     assert spelled.startswith(b"ok ") and spelled.endswith(b" fine")
 
 
-@pytest.fixture(scope="module")
-def qwen_bridge(real_models):
-    d_model, d_tok = real_models(DRAFTER)
-    t_model, t_tok = real_models("builtin:qwen2.5-coder-0.5b")
-    return build_bridge(d_model, d_tok, t_model, t_tok)
-
-
 @pytest.mark.real
 def test_text_translation_aligns_a_drafter_token_spanning_two_target_tokens(qwen_bridge):
     """SmolLM2 spells a new code line as one '\\n' + indent token; Qwen as '):\\n' + indent."""

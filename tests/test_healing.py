@@ -37,13 +37,6 @@ def test_only_whitespace_tokens_that_longer_tokens_begin_with_are_healed():
     assert healing.heal(len(table) + 1) is None  # past the token table
 
 
-@pytest.fixture(scope="module")
-def qwen_bridge(real_models):
-    d_model, d_tok = real_models(DRAFTER)
-    t_model, t_tok = real_models("builtin:qwen2.5-coder-0.5b")
-    return build_bridge(d_model, d_tok, t_model, t_tok)
-
-
 @pytest.mark.real
 def test_a_healed_draft_is_proposed_without_its_overlap_and_kept_as_the_drafter_spelled_it(qwen_bridge):
     """Qwen ends a step on "):\\n"; SmolLM2's context then ends in a bare "\\n" that it would have spelled
