@@ -4,6 +4,8 @@ synthetic costs; the real pair in tests/test_online.py)."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 
 from tiny import tiny_pair
@@ -203,6 +205,9 @@ def test_the_slot_runs_the_base_weights_with_the_adapter_kept_and_the_cache_kept
     assert ran[:2] == [str(path), BASE_WEIGHTS]  # the adapter first, the base weights once next
     assert heads[0] is slot._head and heads[1] is None  # each request's drafts stop by its own weights' head
     assert decoder.cost_policy.stats is decoder.cost_policy.acceptance[DRAFTER]
+    twin = copy.deepcopy(decoder.cost_policy)  # what the demo's timing reruns decide on
+    assert twin.switch is slot and twin.stats is not decoder.cost_policy.stats
+    assert twin.state() == decoder.cost_policy.state() and twin.measured  # the same evidence, costs and schedule
 
 
 def test_without_an_adapter_nothing_is_switched():

@@ -479,6 +479,17 @@ class CostPolicy:
         self.weights_choice = WeightsChoice()
         self._requests = 0  # requests that drafted with the running weights (DrafterEvidence.requests)
 
+    def __deepcopy__(self, memo: dict) -> CostPolicy:
+        """A copy of the costs and the evidence that shares the weights switch: the switch drives the
+        drafter's weights, which a copy of what was learnt does not own (and a native or llama.cpp
+        drafter's weights cannot be copied). The demo decides its timing reruns on such a copy."""
+        twin = copy.copy(self)
+        memo[id(self)] = twin
+        for name, value in vars(self).items():
+            if name != "switch":
+                setattr(twin, name, copy.deepcopy(value, memo))
+        return twin
+
     @property
     def measured(self) -> bool:
         return self.verify_costs is not None
