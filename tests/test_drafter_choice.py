@@ -33,6 +33,46 @@ def test_the_fastest_backend_that_agrees_enough_is_chosen():
         pick([bad])
 
 
+class _Steps:
+    """A made-up DraftLM that always predicts ``token`` and notes each text it is probed on."""
+
+    def __init__(self, name: str, token: int, log: list[str]) -> None:
+        self.name, self.token, self.log = name, token, log
+
+    def reset(self) -> None:
+        self.log.append(self.name)
+
+    def logits_for(self, ids):
+        import torch
+
+        return torch.nn.functional.one_hot(torch.tensor(self.token), 8).float()
+
+    def step(self, token: int):
+        return self.logits_for([token])
+
+
+def test_the_backends_are_probed_in_turn_each_text_in_the_other_order():
+    """All candidates are loaded first and probed text by text, the order reversed every other text,
+    so that no backend is timed only right after one other (whose threads may still spin); agreement
+    counts the reference's own greedy tokens."""
+    log: list[str] = []
+    reference = _Steps("fp32", 3, log)
+    loaded: list[str] = []
+
+    def candidate(name: str, token: int) -> choice.Candidate:
+        return choice.Candidate(name, None, lambda: loaded.append(name) or _Steps(name, token, log))
+
+    def tokenizer(text):
+        return {"input_ids": [1, 2, 3]}
+
+    measures = choice.measure(reference, [candidate("a", 3), candidate("b", 5)], tokenizer)
+    probes = log[len(choice.PROBE_TEXTS):]  # after the reference's greedy continuations
+    assert loaded == ["a", "b"]
+    assert probes == ["fp32", "a", "b", "b", "a", "fp32", "fp32", "a", "b"][: 3 * len(choice.PROBE_TEXTS)]
+    assert [(m.backend, m.agreement) for m in measures] == [("torch", 1.0), ("a", 1.0), ("b", 0.0)]
+    assert all(m.ms_per_token >= 0 for m in measures)
+
+
 def test_the_record_is_reused_only_under_the_same_fingerprint(tmp_path):
     path = tmp_path / "choice.json"
     key = choice.fingerprint([("torch", "float32"), ("llamacpp", None)])

@@ -4,7 +4,8 @@ A drafter token's cost decides whether drafting pays at all, and that cost diffe
 between backends on one CPU (eager bf16 is fast where the CPU has AMX and slow where it does not;
 llama.cpp's quantized kernels are fast on both). So nothing is assumed: every backend this machine
 has for the drafter drafts the same probe once (teacher-forced on the fp32 torch drafter's own greedy
-continuation of a few short texts), and the choice is the fastest one whose top-1 token agrees with
+continuation of a few short texts; the backends take turns text by text, so none is timed only right
+after another), and the choice is the fastest one whose top-1 token agrees with
 the fp32 drafter's on at least :data:`MIN_AGREEMENT` of the probe's positions (a backend that
 disagrees more loses acceptance, not correctness: the target verifies every token).
 
@@ -102,21 +103,20 @@ def pick(measures: Sequence[BackendMeasure]) -> BackendMeasure:
 # ------------------------------------------------------------------------------- measuring
 
 
-def probe(lm, contexts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]]) -> tuple[float, float]:
-    """(median ms per one-token step, top-1 agreement) of a DraftLM teacher-forced on ``continuations``."""
-    agree = total = 0
+def probe(lm, context: Sequence[int], continuation: Sequence[int]) -> tuple[list[float], int]:
+    """(seconds of each one-token step, top-1 agreements) of a DraftLM teacher-forced on ``continuation``
+    after ``context``."""
+    agree = 0
     times: list[float] = []
     with torch.inference_mode():
-        for ids, cont in zip(contexts, continuations, strict=True):
-            lm.reset()
-            logits = lm.logits_for(ids)
-            for token in cont:
-                agree += int(int(logits.argmax()) == token)
-                total += 1
-                start = time.perf_counter()
-                logits = lm.step(token)
-                times.append(time.perf_counter() - start)
-    return 1000 * statistics.median(times), agree / max(total, 1)
+        lm.reset()
+        logits = lm.logits_for(context)
+        for token in continuation:
+            agree += int(int(logits.argmax()) == token)
+            start = time.perf_counter()
+            logits = lm.step(token)
+            times.append(time.perf_counter() - start)
+    return times, agree
 
 
 def greedy_continuations(lm, contexts: Sequence[Sequence[int]], n: int) -> list[list[int]]:
@@ -144,16 +144,28 @@ class Candidate:
 
 def measure(reference, candidates: Sequence[Candidate], tokenizer, progress: Callable[[str], None] = lambda _: None,
             ) -> list[BackendMeasure]:
-    """Probe the fp32 torch ``reference`` and every candidate (each loaded, probed and dropped in turn)."""
+    """Probe the fp32 torch ``reference`` and every candidate, all loaded at once and taken in turn text by
+    text, the order reversed every other text: a backend timed only right after another (whose threads
+    may still spin, or whose memory the caches still hold) would be charged for it."""
     contexts = [list(tokenizer(text)["input_ids"]) for text in PROBE_TEXTS]
     continuations = greedy_continuations(reference, contexts, PROBE_TOKENS)
-    ms, _ = probe(reference, contexts, continuations)
-    measures = [BackendMeasure("torch", "float32", round(ms, 2), 1.0)]
+    lms = [("torch", "float32", reference)]
     for cand in candidates:
         progress(f"{cand.backend} {cand.dtype or ''}".strip())
-        lm = cand.load()
-        ms, agreement = probe(lm, contexts, continuations)
-        measures.append(BackendMeasure(cand.backend, cand.dtype, round(ms, 2), round(agreement, 4)))
+        lms.append((cand.backend, cand.dtype, cand.load()))
+    times: list[list[float]] = [[] for _ in lms]
+    agree = [0] * len(lms)
+    for i, (context, continuation) in enumerate(zip(contexts, continuations, strict=True)):
+        order = range(len(lms)) if i % 2 == 0 else reversed(range(len(lms)))
+        for j in order:
+            steps, agreed = probe(lms[j][2], context, continuation)
+            times[j] += steps
+            agree[j] += agreed
+    total = sum(len(c) for c in continuations)
+    measures = [BackendMeasure(backend, dtype, round(1000 * statistics.median(t), 2),
+                               1.0 if j == 0 else round(a / max(total, 1), 4))
+                for j, ((backend, dtype, _), t, a) in enumerate(zip(lms, times, agree, strict=True))]
+    for _, _, lm in lms[1:]:
         close = getattr(getattr(lm, "engine", None), "close", None)
         if close is not None:
             close()
