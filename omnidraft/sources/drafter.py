@@ -130,12 +130,10 @@ class ModelDraft:
         resumed = self._behind or not self.drafter.lm.cached_ids
         context = self._context(ids)
         self._behind = False
-        heal = self._heal(context.ids)
+        read, heal = self._healed(context.ids)
         t1 = time.perf_counter()
-        if heal is None:
-            draft = self.drafter.draft(context.ids, k, self._plan.policy)
-        else:  # token healing: the context's last (whitespace) token is drafted again, as the drafter spells it
-            draft = self.drafter.draft(context.ids[:-1], k, self._plan.policy, first=heal[1])
+        draft = self.drafter.draft(read, k, self._plan.policy, first=heal[1] if heal else None)
+        if heal:
             draft.overlap = heal[0]
         t2 = time.perf_counter()
         translator = self._plan.translator
@@ -156,15 +154,16 @@ class ModelDraft:
         prompt's catch-up); how many it would still read beyond ``limit`` (``Drafter.read``; ``cap``
         as there). The streaming device reads a long prompt this way, so that a stream that ends
         meanwhile waits for one piece, not the whole read."""
-        context = self._context(ids).ids
-        return self.drafter.read(context[:-1] if self._heal(context) else context, k, limit, cap)
+        return self.drafter.read(self._healed(self._context(ids).ids)[0], k, limit, cap)
 
-    def _heal(self, context: list[int]) -> tuple[bytes, torch.Tensor] | None:
-        """Token healing for a draft after the drafter ids ``context`` (``vocab/healing.py``), where the
-        request's translator carries healed drafts: the bytes drafted again and the first token's bias."""
+    def _healed(self, context: list[int]) -> tuple[list[int], tuple[bytes, torch.Tensor] | None]:
+        """What a draft after the drafter ids ``context`` reads, and its token healing (``vocab/healing.py``)
+        where the request's translator carries healed drafts: the bytes of the context's last (whitespace)
+        token, which the draft spells again as the drafter would, and the first token's bias."""
         if self._plan is None or not self._plan.heals:  # (a chat reads ahead before its next request begins)
-            return None
-        return self._plan.translator.heal(context, self.drafter.lm.vocab_size)
+            return context, None
+        heal = self._plan.translator.heal(context, self.drafter.lm.vocab_size)
+        return (context[:-1] if heal else context), heal
 
     def token_seconds(self, ids: list[int]) -> float:
         """Seconds per token the drafter takes to draft here, timed once: the better of two steps on
