@@ -175,3 +175,19 @@ def test_missing_llama_cpp_python_names_the_install():
             "sys.meta_path.insert(0, Block())\nfrom omnidraft.cli import main\nsys.exit(main(sys.argv[1:]))")
     proc = _cli("generate", "--prompt", "hi", "--drafter", "none", "--engine", "llamacpp", "--json", code=code)
     assert_one_line_error(proc, "pip install llama-cpp-python")
+
+
+@pytest.mark.real
+def test_the_bench_baseline_is_llama_cpp_python_decoding_the_same_weights(llama_pair):
+    """The bench's ``llamacpp`` mode (``Llama.generate``, what a CPU user already has) loads the weights
+    as the target does, so it decodes what the target alone decodes: with the weights repacked (the
+    library's default) this HumanEval prompt diverged at its 43rd token on a Zen 4 host."""
+    from omnidraft.bench.runner import llama_native_mode
+    from omnidraft.data import load_prompts
+
+    spec, target, _ = llama_pair
+    record = load_prompts("humaneval", n=1, offset=2, home=TEST_HOME)[0]
+    ids = encode_prompt(target.tokenizer, record.text, chat=record.chat)
+    native = llama_native_mode(target, NEW_TOKENS)(ids).token_ids
+    plain = SpeculativeDecoder(target).generate(ids, DecodeConfig(max_new_tokens=NEW_TOKENS)).token_ids
+    assert native == plain, f"{spec}: diverged at token {_first_difference(native, plain)}"
