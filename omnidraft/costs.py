@@ -219,8 +219,8 @@ class AcceptanceStats:
     """Per draft position i = 1..K: how often the i-th proposal was accepted *given that the
     previous ones were* (the conditional rate a_i), with a Beta prior.
 
-    ``a_i = (accepted_i + m_i * s) / (tried_i + s)``, the posterior mean under Beta(m_i * s,
-    (1 - m_i) * s), with m_1 = ``prior_mean`` and m_i = max(``prior_mean``, a_(i-1)) (see :meth:`rate`). After a step that proposed
+    ``a_i = (accepted_i + prior_mean * prior_strength) / (tried_i + prior_strength)``, the
+    posterior mean under Beta(prior_mean * s, (1 - prior_mean) * s). After a step that proposed
     p tokens and accepted n of them (the first n), positions 1..n were tried and accepted and
     position n + 1 (if n < p) was tried and rejected; later positions were never reached and are
     not counted. ``decay`` < 1 forgets old steps geometrically (every update multiplies all counts
@@ -268,25 +268,16 @@ class AcceptanceStats:
         self.accepted = [a * keep for a in self.accepted]
 
     def rate(self, i: int) -> float:
-        """a_i for the 1-based position i. Position 1's prior mean is ``prior_mean``; a later
-        position's is the larger of ``prior_mean`` and the rate of the position before, so a position
-        no draft has reached yet is expected to do at least as well as the last one that was: a source
-        whose first three tokens were always accepted is tried at eight, where ``prior_mean`` at
-        position 4 (0.5 for lookup) never let it draft past three on llama.cpp. Once drafts reach a
-        position, its own evidence outweighs the prior."""
+        """a_i for the 1-based position i."""
         if i < 1:
             raise ValueError("positions are 1-based")
-        return self.rates(i)[-1]
+        j = min(i, self.max_positions) - 1
+        s = self.prior_strength
+        return (self.accepted[j] + self.prior_mean * s) / (self.tried[j] + s)
 
     def rates(self, k: int | None = None) -> list[float]:
         """[a_1, ..., a_k] (k defaults to K)."""
-        k = self.max_positions if k is None else k
-        out, rate, s = [], self.prior_mean, self.prior_strength
-        for j in range(k):
-            if j < self.max_positions:  # positions past K share a_K
-                rate = (self.accepted[j] + max(self.prior_mean, rate) * s) / (self.tried[j] + s)
-            out.append(rate)
-        return out
+        return [self.rate(i) for i in range(1, (self.max_positions if k is None else k) + 1)]
 
     def expected_tokens(self, k: int) -> float:
         return expected_tokens(self.rates(k), k)
