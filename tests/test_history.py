@@ -21,7 +21,9 @@ import torch
 from omnidraft.cli import main
 from omnidraft.config import DecodeConfig
 from omnidraft.decode import SpeculativeDecoder
-from omnidraft.sources.history import LookupHistory
+from omnidraft.costs import EVEN_PRIOR
+from omnidraft.sources.history import ORDERS, HistoryLookup, LookupHistory
+from omnidraft.sources.lookup import LONG_MATCH, LONG_MATCH_PRIOR
 from omnidraft.ngram.files import history_path, initialize_store
 
 FP = "a" * 64  # vocabulary fingerprints (sha256 hex)
@@ -68,6 +70,21 @@ def test_proposes_what_followed_last_time(tmp_path):
     assert h.propose([0, 2, 3, 4], 2) == [5, 6]  # the 3-gram when the 4-gram was never seen
     assert h.propose([4, 5, 6, 7], 0) == []
     assert h.propose([9, 9, 9, 9], 4) == [] and h.propose([3, 4], 4) == []  # unseen; shorter than any order
+
+
+def test_a_long_history_match_is_a_copy_and_starts_from_the_long_match_prior(tmp_path):
+    """A repeated request matches the earlier output's last 8 ids: that offer is keyed apart and starts
+    from the long-match prior, as prompt lookup's copies do (on llama.cpp an even prior held a copy to
+    3 proposals a step, and on torch it lost to the drafter before it was ever tried); a 4-gram alone
+    starts even."""
+    h = history(tmp_path)
+    text = list(range(100, 140))
+    h.record(text)
+    source = HistoryLookup(None, h)  # offer reads the history only
+    long = source.offer(text[:20], 16)
+    assert (long.key, long.prior, long.ids) == (f"history-{LONG_MATCH}", LONG_MATCH_PRIOR, text[20:36])
+    short = source.offer([7, 7, 7, 7] + text[10:14], 16)  # the last 8 ids were never seen; the last 4 were
+    assert (short.key, short.prior, short.ids) == ("history-4", EVEN_PRIOR, text[14:30])
 
 
 def test_the_longest_order_wins_over_a_more_recent_shorter_match(tmp_path):
@@ -285,8 +302,9 @@ def test_a_writer_killed_mid_save_leaves_the_old_or_the_new_state(tmp_path, when
     assert h.propose([1, 2, 3, 4], 2) == [5, 6]  # what was there before survives
     rounds = Counter((int(k.split(",")[0]) - base) // n for k in disk_keys(path) if int(k.split(",")[0]) >= base)
     assert sorted(rounds) == list(range(len(rounds))) and len(rounds) >= 1  # whole saves, in order
-    assert set(rounds.values()) == {2 * n - 7}  # each save is all there or not at all
-    assert len(h) == 5 + len(rounds) * (2 * n - 7)  # the old 5 entries and whole rounds, nothing else
+    per_round = sum(n - order for order in ORDERS)  # one entry per n-gram of each order in a text of n ids
+    assert set(rounds.values()) == {per_round}  # each save is all there or not at all
+    assert len(h) == 5 + len(rounds) * per_round  # the old 5 entries and whole rounds, nothing else
 
 
 # ---------------------------------------------------------------- the decoder

@@ -53,17 +53,22 @@ from omnidraft.ngram.files import (
     report_problem,
 )
 from omnidraft.sources.base import Offer, Parts, StepResult, StepTimes, lookup_applies
-from omnidraft.sources.lookup import LOOKUP_MAX
+from omnidraft.sources.lookup import LONG_MATCH, LOOKUP_MAX, match_key, match_prior
 from omnidraft.verify.proposal import Proposal
 from omnidraft.identity import vocab_fingerprint
 
 if TYPE_CHECKING:
     from omnidraft.sources.policy import SourcePolicy
 
-ORDERS = (4, 3)  # n-gram lengths tried, longest first: 2 repeats too often by chance to be worth a step
+# n-gram lengths tried, longest first: 2 repeats too often by chance to be worth a step. A match of
+# LONG_MATCH is a copy of an earlier text in progress (a repeated request, a regenerated answer): its
+# policy key starts from the long-match prior, as prompt lookup's does, so it drafts long at once where
+# a verified row costs (llama.cpp); a 4-gram's even prior kept such a copy at 3 proposals a step there,
+# and on torch it lost to the drafter before it was ever tried
+ORDERS = (LONG_MATCH, 4, 3)
 CONTINUATION = LOOKUP_MAX  # ids kept after each n-gram (as many as a lookup draft copies; the policy cuts it)
 PROMPT_TAIL = max(ORDERS)  # prompt ids recorded before an output, so its first tokens are indexed too
-DEFAULT_MAX_ENTRIES = 200_000  # ~2 entries per output token: the last ~100k tokens, ~70 MB in memory
+DEFAULT_MAX_ENTRIES = 300_000  # ~3 entries per output token: the last ~100k tokens, ~100 MB in memory
 
 _ITEM = array("I").itemsize
 
@@ -361,7 +366,7 @@ class HistoryLookup:
 
     def offer(self, ids: list[int], room: int) -> Offer | None:
         copied, matched = self.history.propose_match(ids, min(LOOKUP_MAX, room))
-        return Offer(f"{self.name}-{matched}", len(copied), copied) if copied else None
+        return Offer(match_key(self.name, matched), len(copied), copied, prior=match_prior(matched)) if copied else None
 
     def draft(self, ids: list[int], offer: Offer, k: int, times: StepTimes) -> Proposal:
         return Proposal(offer.ids[:k])
