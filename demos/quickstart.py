@@ -16,9 +16,10 @@ The drafter runs on whatever this machine runs it fastest (``--drafter-backend a
 omnidraft's native forward or on llama.cpp, eager torch, or an ONNX export, measured once per home
 and CPU); the header of each case says which, and the policy line its cost per token inside the loop.
 
-Speeds are medians of ``TIMED_RUNS`` runs of each prompt, the target alone and with the drafter in
-turn, in the order A B B A A B (a one-second run on a shared machine varies by 10% from one run to the
-next, and a host whose speed drifts during the demo would otherwise favour whichever arm runs first). Every run reads
+Speeds are medians of ``TIMED_RUNS`` runs of each prompt (more for the llama.cpp cases, whose runs
+take about two seconds), the target alone and with the drafter in turn, in the order A B B A A B …
+(a two-second run on a shared machine varies by 10% from one run to the next, and a host whose speed
+drifts during the demo would otherwise favour whichever arm runs first). Every run reads
 its prompt afresh: the two share the target engine and the drafter, whose caches would otherwise hand
 the second of them the prompt already read. The output shown
 is the first run's; the later runs draft without the lookup history (they would copy the first run's
@@ -61,7 +62,7 @@ CASES = [  # (target, engine, prompts)
                                              ("Give three tips for staying focused while studying.", True)]),
 ]
 MAX_NEW_TOKENS = 96
-TIMED_RUNS = 3
+TIMED_RUNS = {"llamacpp": 7, "torch": 3}  # runs per prompt and arm, by engine (a llama.cpp run: ~2 s)
 
 
 def run_case(target_spec: str, engine: str, prompts: list[tuple[str, bool]], config: DecodeConfig) -> bool:
@@ -81,7 +82,7 @@ def run_case(target_spec: str, engine: str, prompts: list[tuple[str, bool]], con
         s = spec.stats
         alone_speeds, spec_speeds = [base.stats.tokens_per_s], [s.tokens_per_s]
         again = _rerun_decoder(pipe.decoder)
-        for run in range(1, TIMED_RUNS):
+        for run in range(1, TIMED_RUNS.get(pipe.engine, 3)):
             for arm in ("spec", "alone") if run % 2 else ("alone", "spec"):  # ABBA: a drifting host favours neither
                 if arm == "alone":
                     alone_speeds.append(_cold(alone).generate(ids, config).stats.tokens_per_s)
@@ -96,7 +97,7 @@ def run_case(target_spec: str, engine: str, prompts: list[tuple[str, bool]], con
         print(f"[identical to the target alone: {same} | target alone {alone_speed:.1f} tok/s, "
               f"with the drafter {spec_speed:.1f} tok/s = {spec_speed / alone_speed:.2f}x{measured} | "
               f"drafted in {s.steps - s.plain_steps - s.lookup_steps} of {s.steps} steps, "
-              f"prompt lookup in {s.lookup_steps}{_earlier(s.history_steps)} | "
+              f"prompt lookup in {s.lookup_steps}{_earlier(s.history_steps, s.tokens_per_s / alone_speed)} | "
               f"{s.tokens_per_target_forward:.2f} tokens per target forward]")
     policy = pipe.decoder.cost_policy
     print(f"policy: target verify ms by proposals {policy.cost_table_ms()}, drafter "
@@ -120,9 +121,10 @@ def _cold(decoder: SpeculativeDecoder) -> SpeculativeDecoder:
     return decoder
 
 
-def _earlier(history_steps: int) -> str:
-    """Lookup drafts from the target's earlier outputs: a second run of this demo is a repeated session."""
-    return f" ({history_steps} from earlier outputs)" if history_steps else ""
+def _earlier(history_steps: int, speedup: float) -> str:
+    """Lookup drafts from the target's earlier outputs: a second run of this demo is a repeated session.
+    The timed reruns draft without them, so the first run's own speedup is shown beside them."""
+    return f" ({history_steps} from earlier outputs: {speedup:.2f}x in that run)" if history_steps else ""
 
 
 def main() -> int:
