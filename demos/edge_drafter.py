@@ -73,11 +73,12 @@ def main() -> int:
     print(f"drafted {len(drafted)} drafter tokens: {drafted} -> {tokenizer.decode(drafted)!r}")
     if target:
         d2t = np.load(args.export / "bridge" / target / "d2t.npy")
-        by_bytes = {data: i for i, data in enumerate(token_bytes) if data}
-        # a healed first token begins with the prompt's bytes: what it adds maps as the drafter token of those bytes
-        rest = token_bytes[drafted[0]][len(overlap):]
-        head = ([by_bytes.get(rest, -1)] if rest else []) if overlap else [drafted[0]]
-        mapped = [int(d2t[t]) if t >= 0 else -1 for t in head] + [int(d2t[t]) for t in drafted[1:]]
+        head = [int(d2t[drafted[0]])]
+        if overlap:  # a healed first token begins with the prompt's bytes: what it adds maps as the drafter token of those bytes
+            rest = token_bytes[drafted[0]][len(overlap):]
+            spelled = [i for i, data in enumerate(token_bytes) if data == rest] if rest else []
+            head = [int(d2t[spelled[0]]) if spelled else -1] if rest else []
+        mapped = head + [int(d2t[t]) for t in drafted[1:]]
         print(f"as {target} token ids (direct mapping, -1: spelled differently there): {mapped}")
     return 0
 

@@ -82,7 +82,7 @@ def run_case(target_spec: str, engine: str, prompts: list[tuple[str, bool]], con
         s = spec.stats
         alone_speeds, spec_speeds = [base.stats.tokens_per_s], [s.tokens_per_s]
         again = _rerun_decoder(pipe.decoder)
-        for run in range(1, TIMED_RUNS.get(pipe.engine, 3)):
+        for run in range(1, TIMED_RUNS[pipe.engine]):
             for arm in ("spec", "alone") if run % 2 else ("alone", "spec"):  # ABBA: a drifting host favours neither
                 if arm == "alone":
                     alone_speeds.append(_cold(alone).generate(ids, config).stats.tokens_per_s)
