@@ -179,26 +179,32 @@ class SpeculativeDecoder:
         # the sources this request drafts with, and the policy that weighs them (one choice per request)
         policy: SourcePolicy = (AheadPolicy() if streaming else self.cost_policy if config.draft_stop == "auto"
                                 and self.sources else NoCostPolicy())
-        policy.prepare()  # the drafter weights of this request, before the sources plan their drafts with them
-        sources = policy.order([s for s in self.sources if s.begin(ids, config, policy)])
-        self.stats = DecodeStats()
-        if self.ngrams is not None:
-            self.stats.ngram_cache_entries_at_start = len(self.ngrams)
-        if sources and policy.needs_measuring:
-            self.stats.measure_s = self.cost_policy.measure(self.verifier, self.drafter, self.bridge, ids)
         rows = next((o.row_request for o in self.observers if o.row_request is not None), None)
         observers = list(self.observers)
-        start = time.perf_counter()
+        self.stats = DecodeStats()
+        # A request starts before anything plans it: the adapter slot takes the trainer's newest version
+        # here, so the policy's weights choice and the sources' plans (the stop rule's acceptance head)
+        # see it whatever the stop rule; from here on on_finish runs however the request ends.
         for obs in observers:
             obs.on_start(ids)
-
-        def between() -> None:  # the only moment drafter weights may change
-            for obs in observers:
-                obs.before_step()
-
-        steps = (self.verifier.steps(ids, sources, policy, config, rows, between) if streaming
-                 else self._steps(ids, sources, policy, config, rows, between))
+        sources: list[DraftSource] = []
+        steps: Iterator[StepResult] | None = None
+        start = time.perf_counter()
         try:
+            policy.prepare()  # the drafter weights of this request, before the sources plan their drafts with them
+            sources = policy.order([s for s in self.sources if s.begin(ids, config, policy)])
+            if self.ngrams is not None:
+                self.stats.ngram_cache_entries_at_start = len(self.ngrams)
+            if sources and policy.needs_measuring:
+                self.stats.measure_s = self.cost_policy.measure(self.verifier, self.drafter, self.bridge, ids)
+
+            def between() -> None:  # the only moment drafter weights may change
+                for obs in observers:
+                    obs.before_step()
+
+            start = time.perf_counter()
+            steps = (self.verifier.steps(ids, sources, policy, config, rows, between) if streaming
+                     else self._steps(ids, sources, policy, config, rows, between))
             reads_prompt = True  # the first verify also reads the prompt: its time says nothing about V
             for step in steps:
                 self._account(step, policy, reads_prompt)
@@ -211,8 +217,9 @@ class SpeculativeDecoder:
                 if step.done:
                     break
         finally:
-            steps.close()  # a stream still open is cancelled
-            self.verifier.settle(ids)
+            if steps is not None:
+                steps.close()  # a stream still open is cancelled
+                self.verifier.settle(ids)
             self.stats.wall_s = time.perf_counter() - start
             if self.ngrams is not None:
                 self.ngrams.flush()

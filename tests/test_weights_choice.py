@@ -28,9 +28,6 @@ class Switch:
         self.policy, self.adapter_weights, self.running = policy, adapter, adapter or BASE_WEIGHTS
         self.ran: list[str] = []
 
-    def refresh(self) -> None:
-        pass  # no trainer
-
     def run(self, weights: str) -> None:
         self.running = weights
         self.policy.drafter_weights(weights)
@@ -214,3 +211,57 @@ def test_without_an_adapter_nothing_is_switched():
     b, switch = policy_with(adapter=None)
     serve(b, switch, 3, {"adapter": (0.0085, 0.5), "base": (0.0060, 0.5)})
     assert b.weights_choice.picks == {"adapter": 0, "base": 0} and b.shelf == {}
+
+
+def test_a_version_published_before_a_request_plans_it_under_every_stop_rule(tmp_path):
+    """The trainer's newest version is taken when a request starts, before its sources plan: a
+    request under a fixed stop rule (``--draft-stop head``) drafts with the head of the version
+    published just before it, not the previous one's (here: none, which that rule refuses). And a
+    request that fails while planning still ends for its observers (the trainer is told to go on)."""
+    from omnidraft.adapter.head import AcceptHead
+    from omnidraft.adapter.slot import AdapterSlot
+    from omnidraft.errors import OmnidraftError
+    from omnidraft.observer import DecodeObserver
+    from omnidraft.train.publish import save as publish
+
+    from test_adapter_store import IDENTITY, _peft
+
+    d_model, target, bridge = tiny_pair()
+    drafter = make_drafter(d_model, bridge, target)
+    decoder = SpeculativeDecoder(target, drafter, bridge)
+    slot = AdapterSlot(drafter, IDENTITY, tmp_path / "pair")
+    decoder.observers.append(slot)
+
+    class Ends(DecodeObserver):
+        started = finished = 0
+
+        def on_start(self, prompt_ids):
+            self.started += 1
+
+        def on_finish(self):
+            self.finished += 1
+
+    ends = Ends()
+    decoder.observers.append(ends)
+    prompt = target.tokenizer.encode("the cat sat on")
+    config = DecodeConfig(max_new_tokens=12, draft_stop="head", lookup=False)
+    with pytest.raises(OmnidraftError, match="acceptance head"):  # no adapter yet: nothing to stop by
+        decoder.generate(prompt, config)
+    assert (ends.started, ends.finished) == (1, 1)
+
+    path = publish(tmp_path / "pair", _peft(), {"identity": vars(IDENTITY)},
+                   head_state=AcceptHead(drafter.lm.hidden_size).state_dict())
+
+    class Trainer:  # published one version since the last look
+        def __init__(self):
+            self.queue = [type("Published", (), {"path": path})()]
+
+        def poll(self):
+            return self.queue.pop() if self.queue else None
+
+    slot.source = Trainer()
+    alone = SpeculativeDecoder(target).generate(prompt, DecodeConfig(max_new_tokens=12, lookup=False)).token_ids
+    out = decoder.generate(prompt, config)
+    assert out.token_ids == alone and slot.adapter_weights == str(path)
+    assert decoder.stats.drafted_tokens > 0  # it drafted, stopping by the new version's head
+    assert (ends.started, ends.finished) == (2, 2)

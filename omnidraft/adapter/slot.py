@@ -47,7 +47,6 @@ class AdapterSlot(DecodeObserver):
         self.listeners: list[Callable[[str], None]] = []  # told ``weights`` after every change
         self.on_base = False  # the adapter is loaded but this request drafts with the base weights (``run``)
         self._head = None  # the loaded adapter's acceptance head
-        self._refreshed = False  # the trainer was asked for this request already (before ``on_start``)
 
     @property
     def adapter_weights(self) -> str | None:
@@ -96,13 +95,11 @@ class AdapterSlot(DecodeObserver):
             listener(self.weights)
 
     def on_start(self, prompt_ids: Sequence[int]) -> None:
-        if not self._refreshed:  # where the slot is the cost policy's switch, its ``prepare`` looked already
-            self.refresh()
-        self._refreshed = False
+        """A request starts (before its policy and sources plan it): take the trainer's newest version."""
+        self.refresh()
 
     def refresh(self) -> None:
         """Take the newest version the trainer published since the last look, if any."""
-        self._refreshed = True
         if self.source is not None:
             published = self.source.poll()
             if published is not None:

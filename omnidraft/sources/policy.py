@@ -311,9 +311,6 @@ class WeightsSwitch(Protocol):
     def adapter_weights(self) -> str | None:
         """The loaded adapter's weights key (None: no adapter, nothing to choose)."""
 
-    def refresh(self) -> None:
-        """Take the trainer's newest adapter version, if it published one."""
-
     def run(self, weights: str) -> None:
         """Draft this request with ``weights`` (the adapter's key or BASE_WEIGHTS)."""
 
@@ -664,11 +661,10 @@ class CostPolicy:
         return max(rates) / rates[0]
 
     def prepare(self) -> None:
-        """A request starts: where a switch holds an adapter, take the trainer's newest version and
-        pick the weights the request drafts with (:class:`WeightsChoice`); count the request for them.
-        Before the sources begin: the drafter's plan holds the weights' acceptance head."""
-        if self.switch is not None:
-            self.switch.refresh()
+        """A request starts: where a switch holds an adapter, pick the weights the request drafts with
+        (:class:`WeightsChoice`); count the request for them. After the observers' ``on_start`` (the
+        switch has taken the trainer's newest version there) and before the sources begin: the
+        drafter's plan holds the weights' acceptance head."""
         adapter = self.switch.adapter_weights if self.switch is not None else None
         if adapter is not None and self.measured:
             keys = (adapter, BASE_WEIGHTS)
