@@ -187,9 +187,13 @@ class SpeculativeDecoder:
         # see it whatever the stop rule; from here on on_finish runs however the request ends.
         for obs in observers:
             obs.on_start(ids)
+
+        def between() -> None:  # the only moment drafter weights may change
+            for obs in observers:
+                obs.before_step()
+
         sources: list[DraftSource] = []
-        steps: Iterator[StepResult] | None = None
-        start = time.perf_counter()
+        steps: Iterator[StepResult] | None = None  # None: the request failed before its first step
         try:
             policy.prepare()  # the drafter weights of this request, before the sources plan their drafts with them
             sources = policy.order([s for s in self.sources if s.begin(ids, config, policy)])
@@ -197,11 +201,6 @@ class SpeculativeDecoder:
                 self.stats.ngram_cache_entries_at_start = len(self.ngrams)
             if sources and policy.needs_measuring:
                 self.stats.measure_s = self.cost_policy.measure(self.verifier, self.drafter, self.bridge, ids)
-
-            def between() -> None:  # the only moment drafter weights may change
-                for obs in observers:
-                    obs.before_step()
-
             start = time.perf_counter()
             steps = (self.verifier.steps(ids, sources, policy, config, rows, between) if streaming
                      else self._steps(ids, sources, policy, config, rows, between))
@@ -220,7 +219,7 @@ class SpeculativeDecoder:
             if steps is not None:
                 steps.close()  # a stream still open is cancelled
                 self.verifier.settle(ids)
-            self.stats.wall_s = time.perf_counter() - start
+                self.stats.wall_s = time.perf_counter() - start
             if self.ngrams is not None:
                 self.ngrams.flush()
                 self.stats.ngram_cache_entries_at_end = len(self.ngrams)
