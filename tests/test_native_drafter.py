@@ -432,3 +432,26 @@ def test_the_weights_choice_runs_the_adapter_then_the_base_weights_and_keeps_the
     slot.run(slot.adapter_weights)
     ids = list(d_tok.encode(TEXT))[:30]
     assert not torch.equal(fork.drafter.lm.logits_for(ids), slot.drafter.lm.logits_for(ids))
+    # the bench: greedy and greedy@llamacpp each choose their weights on a fork of their own, and each
+    # gives the target's own greedy output on its engine
+    from omnidraft.bench.runner import build_modes, policy_report
+    from omnidraft.target.llamacpp import LlamaCppTarget
+
+    llama = LlamaCppTarget(models.gguf_of("builtin:gemma3-270m", home, progress=False), t_tok, n_ctx=1024)
+    try:
+        fns = build_modes(pipe, ["greedy", "greedy@llamacpp"], config, 0.0, llama=llama,
+                          choosing=lambda: weights_choice_slot(slot))
+        switches = [fns[m].decoder.cost_policy.switch for m in ("greedy", "greedy@llamacpp")]
+        assert all(s is not None for s in switches) and switches[0] is not switches[1]
+        assert switches[0].drafter.lm is not switches[1].drafter.lm
+        on_llama = SpeculativeDecoder(llama).generate(prompt, DecodeConfig(max_new_tokens=24, lookup=False))
+        for _ in range(3):
+            assert fns["greedy"](prompt).token_ids == alone.token_ids
+            assert fns["greedy@llamacpp"](prompt).token_ids == on_llama.token_ids
+        report = policy_report(fns)
+        for mode in ("greedy", "greedy@llamacpp"):  # the first request measures; each later one is chosen
+            picks = report[mode]["weights_requests"]
+            assert sum(picks.values()) == 2 and picks["base"] >= 1, (mode, picks)
+        assert slot.weights == slot.adapter_weights  # the pipeline's own slot kept its adapter
+    finally:
+        llama.close()

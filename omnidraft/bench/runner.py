@@ -13,12 +13,16 @@ import statistics
 import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 import torch
 
 from omnidraft.config import DecodeConfig
 from omnidraft.decode import SpeculativeDecoder
 from omnidraft.ngram.trie import NgramCache, NgramTrie
+
+if TYPE_CHECKING:
+    from omnidraft.adapter.slot import AdapterSlot
 
 # greedy: text translation (our default); greedy-ngram: the paper's token mapping + n-gram cache;
 # greedy-nocache: token mapping alone. tli / omnidraft: rejection sampling at --temperature.
@@ -355,7 +359,8 @@ def llama_native_mode(target, max_new_tokens: int) -> ModeFn:
 
 def build_modes(pipe, modes: Sequence[str], base: DecodeConfig, temperature: float,
                 ngrams_factory: Callable[[], NgramCache] = NgramTrie, llama=None, onnx=None,
-                gguf=None, base_drafter=None, assistant=None, choosing=None) -> dict[str, ModeFn]:
+                gguf=None, base_drafter=None, assistant=None,
+                choosing: Callable[[], AdapterSlot | None] | None = None) -> dict[str, ModeFn]:
     """Mode name -> runner, all sharing the pipeline's target engine, drafter and weights.
 
     ``base`` carries the shared knobs (max new tokens, draft length, draft policy, seed).
@@ -363,8 +368,9 @@ def build_modes(pipe, modes: Sequence[str], base: DecodeConfig, temperature: flo
     ``onnx``: the drafter on onnxruntime (a ``Drafter`` over ``OnnxDraftLM``), for the ``-onnx`` modes;
     ``gguf``: the drafter on llama.cpp (a ``Drafter`` over ``LlamaCppDraftLM``), for the ``-gguf`` modes;
     ``base_drafter``: the drafter with its base weights (:func:`without_adapter`), for ``greedy-base``;
-    ``choosing``: the drafter's own adapter slot over a fork (:func:`weights_choice_slot`), whose weights
-    the ``greedy`` mode's policy chooses per request (None: ``greedy`` drafts with the shared drafter);
+    ``choosing``: makes an adapter slot of its own over a fork of the drafter (:func:`weights_choice_slot`),
+    one for each of ``greedy`` and ``greedy@llamacpp``, whose policy chooses its weights per request
+    (None, or a slot of None: the mode drafts with the shared drafter);
     ``assistant``: the drafter as a torch model, for transformers' assisted modes (default: the
     pipeline's; a pipeline whose drafter runs on a GGUF or an export has none, and those modes refuse
     to run rather than run transformers without an assistant).
@@ -390,13 +396,16 @@ def build_modes(pipe, modes: Sequence[str], base: DecodeConfig, temperature: flo
     def spec(config: DecodeConfig, ngrams: NgramCache) -> ModeFn:
         return our_mode(SpeculativeDecoder(target, drafter, bridge, ngrams), config)
 
-    def choosing_weights(config: DecodeConfig, ngrams: NgramCache) -> ModeFn:
-        if choosing is None:
-            return spec(config, ngrams)
-        decoder = SpeculativeDecoder(target, choosing.drafter, bridge, ngrams)
-        choosing.listeners.append(decoder.cost_policy.drafter_weights)
-        decoder.cost_policy.drafter_weights(choosing.weights)
-        decoder.cost_policy.switch = choosing
+    def choosing_weights(verifier, config: DecodeConfig, ngrams: NgramCache) -> ModeFn:
+        """A mode whose drafter's weights its policy picks per request, on a slot of the mode's own
+        (two such modes switching one fork would each see the other's switches as their own)."""
+        slot = choosing() if choosing is not None else None
+        if slot is None:
+            return our_mode(SpeculativeDecoder(verifier, drafter, bridge, ngrams), config)
+        decoder = SpeculativeDecoder(verifier, slot.drafter, bridge, ngrams)
+        slot.listeners.append(decoder.cost_policy.drafter_weights)
+        decoder.cost_policy.drafter_weights(slot.weights)
+        decoder.cost_policy.switch = slot
         return our_mode(decoder, config)
 
     table: dict[str, Callable[[], ModeFn]] = {
@@ -408,7 +417,7 @@ def build_modes(pipe, modes: Sequence[str], base: DecodeConfig, temperature: flo
                                          cfg(verify="greedy", translate="text", branch_rows=FORKS_ON)),
         "target": lambda: our_mode(SpeculativeDecoder(target), cfg(verify="greedy", lookup=False)),
         "target-sample": lambda: our_mode(SpeculativeDecoder(target), cfg(verify=None, temperature=temperature, lookup=False)),
-        "greedy": lambda: choosing_weights(cfg(verify="greedy", translate="text"), ngrams_factory()),
+        "greedy": lambda: choosing_weights(target, cfg(verify="greedy", translate="text"), ngrams_factory()),
         "greedy-adapter": lambda: spec(cfg(verify="greedy", translate="text"), ngrams_factory()),
         "greedy-ngram": lambda: spec(cfg(verify="greedy", translate="tokens", lookup=False), ngrams_factory()),
         "greedy-nocache": lambda: spec(cfg(verify="greedy", translate="tokens", use_ngram=False, lookup=False), NgramTrie()),
@@ -443,8 +452,7 @@ def build_modes(pipe, modes: Sequence[str], base: DecodeConfig, temperature: flo
                                                       cfg(verify="greedy", translate="text")),
         "llamacpp": lambda: llama_native_mode(llama, max_new_tokens),
         "target@llamacpp": lambda: our_mode(SpeculativeDecoder(llama), cfg(verify="greedy", lookup=False)),
-        "greedy@llamacpp": lambda: our_mode(SpeculativeDecoder(llama, drafter, bridge, ngrams_factory()),
-                                            cfg(verify="greedy", translate="text")),
+        "greedy@llamacpp": lambda: choosing_weights(llama, cfg(verify="greedy", translate="text"), ngrams_factory()),
         "greedy-k4@llamacpp": lambda: our_mode(SpeculativeDecoder(llama, drafter, bridge, ngrams_factory()),
                                                cfg(verify="greedy", translate="text", draft_len=4, draft_stop="fixed")),
         "greedy-onnx": lambda: our_mode(SpeculativeDecoder(target, onnx, bridge, ngrams_factory()),

@@ -299,7 +299,7 @@ def run(args: argparse.Namespace) -> int:
         raise OmnidraftError(str(exc)) from None
     fns = build_modes(pipe, modes, base, args.sample_temperature, llama=llama, onnx=onnx, gguf=gguf,
                       base_drafter=plain, assistant=assistant_model(args, pipe, modes),
-                      choosing=weights_choice_slot(pipe.adapter_slot) if "greedy" in modes else None,
+                      choosing=lambda: weights_choice_slot(pipe.adapter_slot),
                       **({"ngrams_factory": factory} if factory else {}))
     warm = encode_prompt(pipe.target_tokenizer, WARMUP_TEXT, chat=False)
     runs = run_bench(fns, prompts, warmup=warm[:16])
