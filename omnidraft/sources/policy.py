@@ -582,38 +582,30 @@ class CostPolicy:
                 "lookup_budget": self.explorations[True].state(), "drafter_budget": self.explorations[False].state()}
 
     def restore(self, state: dict) -> bool:
-        """Take a saved state; False (and nothing changed) for anything malformed."""
+        """Take a saved state; False (and nothing changed) for anything malformed. The running weights'
+        evidence is read as the shelf's is (``DrafterEvidence.from_state``), and it must carry a d."""
         try:
             verify = VerifyCosts({int(k): float(v) for k, v in state["verify_s"].items()})
-            draft = float(state["draft_s"])
-            tried, accepted = [float(x) for x in state["stats"]["tried"]], [float(x) for x in state["stats"]["accepted"]]
-            c_tried = [float(x) for x in state["calibration"]["tried"]]
-            c_accepted = [float(x) for x in state["calibration"]["accepted"]]
         except (KeyError, TypeError, ValueError, AttributeError):
             return False
-        ok = (state.get("format") == STATE_FORMAT and len(tried) == len(accepted) == self.stats.max_positions
-              and len(c_tried) == len(c_accepted) == self.calibration.bins and draft > 0
-              and all(0 <= a <= t for a, t in zip(accepted + c_accepted, tried + c_tried)))
-        lookup = self._restore_lookup(state.get("lookup"))
-        if ok:
-            self.acceptance.update(lookup)
-            if state.get("machine") == self.machine:  # costs from other hardware or kernels: measure again
-                self.verify_costs, self.draft_cost = verify, DraftCost(draft, alpha=0.1)
-                self._stale_d = True
-                read = state.get("read_s")
-                self.read_cost = DraftCost(float(read) if isinstance(read, (int, float)) and read > 0 else None,
-                                           alpha=0.1)
-            self.stats.tried, self.stats.accepted = tried, accepted
-            self.calibration.tried, self.calibration.accepted = c_tried, c_accepted
-            weights = state.get("weights")
-            self.weights = weights if isinstance(weights, str) else None
-            requests = state.get("requests")
-            self._requests = requests if isinstance(requests, int) and requests >= 0 else 0
-            self.shelf = self._restore_shelf(state.get("shelf"), same_machine=state.get("machine") == self.machine)
-            self.weights_choice.restore(state.get("weights_choice"))
-            self.explorations[True].restore(state.get("lookup_budget"))
-            self.explorations[False].restore(state.get("drafter_budget"))
-        return ok
+        running = DrafterEvidence.from_state(state, self._evidence())
+        if state.get("format") != STATE_FORMAT or running is None or not running.draft_cost.known:
+            return False
+        same_machine = state.get("machine") == self.machine
+        if same_machine:
+            self.verify_costs = verify
+            self._stale_d = True
+        else:  # costs from other hardware or kernels: measured again
+            running.draft_cost, running.read_cost = self.draft_cost, self.read_cost
+        self.acceptance.update(self._restore_lookup(state.get("lookup")))
+        weights = state.get("weights")
+        self.weights = weights if isinstance(weights, str) else None
+        self._take(running)
+        self.shelf = self._restore_shelf(state.get("shelf"), same_machine)
+        self.weights_choice.restore(state.get("weights_choice"))
+        self.explorations[True].restore(state.get("lookup_budget"))
+        self.explorations[False].restore(state.get("drafter_budget"))
+        return True
 
     def drafter_weights(self, key: str) -> None:
         """The drafter now runs the weights ``key`` names (an adapter version, or BASE_WEIGHTS).
