@@ -72,6 +72,12 @@ class VerifyCosts:
     extrapolated cost (the same stall once made a new V(9) read 926 ms after V(8) = 137), and the
     later ones as observed (a compute-bound target's costs must be learnt). Points the loop has not
     observed yet follow V(0) in proportion as plain steps observe it (``_follow_plain_step``).
+
+    A table given to the constructor (a fresh timing, or one a home kept) is made monotone first: a
+    point above a larger k's is lowered to it (``_no_dearer_than_above``). A stall during the timing,
+    or a home's table whose points were observed while a trainer shared the cores, left V(1) = 250 ms
+    and V(4) = 278 ms between V(2) = 71 and V(5) = 69: a stop rule that never drafts a dear length
+    never observes it again.
     """
 
     def __init__(self, table: Mapping[int, float], *, alpha: float = 0.1) -> None:
@@ -79,7 +85,7 @@ class VerifyCosts:
         if not clean:
             raise ValueError("VerifyCosts needs at least one measured (k >= 0, seconds > 0) entry")
         self.alpha = _check_alpha(alpha)
-        self._table: dict[int, float] = clean
+        self._table: dict[int, float] = _no_dearer_than_above(clean)
         self._keys: list[int] = sorted(clean)
         self.observations: dict[int, int] = {}
         self.guessed: set[int] = set()  # points assumed, not measured (``flat``'s V(1)), until observed
@@ -153,6 +159,16 @@ class VerifyCosts:
         for k in self._keys:
             if k and not self.observations.get(k):
                 self._table[k] *= factor
+
+
+def _no_dearer_than_above(table: Mapping[int, float]) -> dict[int, float]:
+    """``table`` with each point lowered to the least of the points at larger k (verifying more
+    proposals never costs less; a stall only ever reads dearer)."""
+    out, least = {}, math.inf
+    for k in sorted(table, reverse=True):
+        least = min(least, table[k])
+        out[k] = least
+    return dict(sorted(out.items()))
 
 
 OUTLIER = 3.0  # a drafting round counts as at most this many times the current d (DraftCost)
