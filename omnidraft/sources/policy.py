@@ -481,10 +481,10 @@ class CostPolicy:
         self._sharing_seen: float | None = None
 
     def __deepcopy__(self, memo: dict) -> CostPolicy:
-        """A copy of the costs and the evidence that shares the weights switch: the switch drives the
-        drafter's weights, which a copy of what was learnt does not own (and a native or llama.cpp
-        drafter's weights cannot be copied), nor the trainer it watches (``sharing``). The demo decides
-        its timing reruns on such a copy."""
+        """A copy of the costs and the evidence that shares the weights switch and the trainer probe
+        (``sharing``): the switch drives the drafter's weights, which a copy of what was learnt does
+        not own (and a native or llama.cpp drafter's weights cannot be copied), and the probe reads a
+        process. The demo decides its timing reruns on such a copy."""
         twin = copy.copy(self)
         memo[id(self)] = twin
         for name, value in vars(self).items():
