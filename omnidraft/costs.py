@@ -75,9 +75,9 @@ class VerifyCosts:
 
     A table given to the constructor (a fresh timing, or one a home kept) is made monotone first: a
     point above a larger k's is lowered to it (``_no_dearer_than_above``). A stall during the timing,
-    or a home's table whose points were observed while a trainer shared the cores, left V(1) = 250 ms
-    and V(4) = 278 ms between V(2) = 71 and V(5) = 69: a stop rule that never drafts a dear length
-    never observes it again.
+    or a home whose points were observed while another job shared the cores, left V(1) = 250 ms and
+    V(4) = 278 ms between V(2) = 71 and V(5) = 69: a stop rule that never drafts a dear length never
+    observes it again.
     """
 
     def __init__(self, table: Mapping[int, float], *, alpha: float = 0.1) -> None:

@@ -50,11 +50,9 @@ def test_updates_every_interval_and_publishes(drafter_folder, tmp_path):
     try:
         trainer.submit(_example(1))
         assert trainer.wait(timeout=300) is None  # one prompt: below the interval, nothing trained yet
-        before = trainer.cpu_seconds()
         trainer.submit(_example(2))
         published = trainer.wait(timeout=300)
         assert published is not None and published.version == 1 and published.metrics["examples"] == 2
-        assert before is not None and trainer.cpu_seconds() > before  # an update shows in its CPU time
         loaded = adapter_store.load(tmp_path / "pair", None)
         assert loaded.path == published.path and loaded.meta["records_seen"] == 2 and len(loaded.meta["history"]) == 1
         trainer.submit(_example(3))
@@ -62,7 +60,7 @@ def test_updates_every_interval_and_publishes(drafter_folder, tmp_path):
         assert trainer.wait(timeout=300).version == 2
     finally:
         trainer.stop()
-    assert not trainer.alive and trainer.errors == [] and trainer.cpu_seconds() is None  # gone: nothing to read
+    assert not trainer.alive and trainer.errors == []
 
 
 def test_pause_holds_training_until_resume(drafter_folder, tmp_path):

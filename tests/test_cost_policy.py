@@ -627,28 +627,3 @@ def test_verify_costs_timed_in_a_slow_moment_do_not_keep_drafting_off():
     assert b.verify_costs(0) < 1.05 * real[0]
     assert b._plan(offer, True)[0] > 0
     assert b.verify_costs(2) == pytest.approx(b.verify_costs(0) * real[2] / real[0], rel=0.01)
-
-
-def test_steps_during_which_the_trainer_ran_teach_no_costs_and_still_teach_acceptance():
-    """While the background trainer's CPU time grows (an update's micro-batch that began before the
-    request), a step's times are those of shared cores: V and d keep their values, the acceptance
-    counts still learn. Once its CPU time stands still, steps teach costs again."""
-    b = measured_policy(VerifyCosts.flat(0.060), drafter_s=0.005)
-    trainer = [10.0]
-    b.sharing = lambda: trainer[0]
-    b.prepare()
-    tried = b.stats.tried[0]
-    for _ in range(5):
-        trainer[0] += 0.05  # it ran during each of these steps
-        b.learn(plain_step(verify_s=0.250), reads_prompt=False)
-        trainer[0] += 0.01
-        b.stop_rule(8, None)
-        b.learn(step(DRAFTER, False, drafted=3, proposed=3, kept=1, draft_s=0.090, verify_s=0.280), reads_prompt=False)
-    assert b.verify_costs(0) == 0.060 and b.verify_costs(3) == pytest.approx(0.060)
-    assert abs(b.draft_cost.seconds_per_token - 0.005) < 1e-9
-    assert b.stats.tried[0] > tried  # what was accepted is not a matter of time
-    b.learn(plain_step(verify_s=0.050), reads_prompt=False)  # the trainer has paused: learnt again
-    assert b.verify_costs(0) < 0.060
-    b.sharing = lambda: None  # no /proc: nothing is known, every step teaches
-    b.learn(plain_step(verify_s=0.050), reads_prompt=False)
-    assert b.verify_costs(0) < 0.059

@@ -232,7 +232,7 @@ def test_a_table_timed_in_a_slow_moment_follows_the_plain_steps_where_the_loop_n
 
 
 def test_a_table_with_stalls_is_made_monotone_where_it_is_given():
-    """The table a home kept after `adapt` (points observed while the trainer shared the cores):
+    """The table a home kept after an `adapt` run that a test run shared the cores with:
     V(1) and V(4) read 250 and 278 ms between points of ~70 ms. Each point is lowered to the least
     of the points at larger k; the larger-k points, and a table already monotone, are unchanged."""
     V = VerifyCosts({0: 0.058, 1: 0.250, 2: 0.071, 3: 0.081, 4: 0.278, 5: 0.069, 7: 0.087, 8: 0.317, 9: 0.315})

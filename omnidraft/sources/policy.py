@@ -475,20 +475,15 @@ class CostPolicy:
         self.switch: WeightsSwitch | None = None
         self.weights_choice = WeightsChoice()
         self._requests = 0  # requests that drafted with the running weights (DrafterEvidence.requests)
-        # CPU seconds another process of ours has used so far (the background trainer: set while one
-        # runs): a step during which it grew shared the cores, and its times are not V's or d's
-        self.sharing: Callable[[], float | None] | None = None
-        self._sharing_seen: float | None = None
 
     def __deepcopy__(self, memo: dict) -> CostPolicy:
-        """A copy of the costs and the evidence that shares the weights switch and the trainer probe
-        (``sharing``): the switch drives the drafter's weights, which a copy of what was learnt does
-        not own (and a native or llama.cpp drafter's weights cannot be copied), and the probe reads a
-        process. The demo decides its timing reruns on such a copy."""
+        """A copy of the costs and the evidence that shares the weights switch: the switch drives the
+        drafter's weights, which a copy of what was learnt does not own (and a native or llama.cpp
+        drafter's weights cannot be copied). The demo decides its timing reruns on such a copy."""
         twin = copy.copy(self)
         memo[id(self)] = twin
         for name, value in vars(self).items():
-            if name not in ("switch", "sharing"):
+            if name != "switch":
                 setattr(twin, name, copy.deepcopy(value, memo))
         return twin
 
@@ -667,7 +662,6 @@ class CostPolicy:
             keys = (adapter, BASE_WEIGHTS)
             self.switch.run(self.weights_choice.pick({k: self.weights_value(k) for k in keys}, adapter))
         self._requests += 1
-        self._sharing_seen = self.sharing() if self.sharing is not None else None
 
     def _restore_shelf(self, saved: object, same_machine: bool) -> dict[str, DrafterEvidence]:
         """The shelved weights' evidence of a saved state; what is malformed is left out, and costs
@@ -832,16 +826,15 @@ class CostPolicy:
 
     def learn(self, step: StepResult, reads_prompt: bool) -> None:
         """Fold one verified step in. ``reads_prompt``: the verify also read the prompt, so its time
-        says nothing about V; nor do a step's times when the trainer ran during it (``sharing``)."""
-        timed = not self._cores_shared()
+        says nothing about V."""
         if step.free or step.source is None:  # the drafter sat out this step
             self.draft_cost.relax(self._timed[0], STALE_COST_KEEP)
             self.read_cost.relax(self._timed[1], STALE_COST_KEEP)
         if step.source is None:  # a plain step
-            if timed and not reads_prompt:
+            if not reads_prompt:
                 self.verify_costs.observe(0, step.verify_s)
             return
-        if not step.free and timed:
+        if not step.free:
             self._observe_draft_cost(step)
             if step.times.catch_up_tokens >= READ_SAMPLE_MIN:
                 self.read_cost.observe(step.times.catch_up_tokens, step.times.catch_up_s)
@@ -849,7 +842,7 @@ class CostPolicy:
             end = step.accepted - step.branch_kept  # where the chain stopped
             if any(b.depth == end for b in step.proposal.branches):
                 self.branch_hits.update(1, int(step.branch_kept > 0))
-        if timed and not reads_prompt:
+        if not reads_prompt:
             self.verify_costs.observe(step.proposed + step.branch_rows, step.verify_s)  # V counts rows
             # an exploration is charged its whole catch-up read, as explore_length priced its worst
             # case: if it lost, the drafter sits out again and that read paid for nothing
@@ -860,15 +853,6 @@ class CostPolicy:
         for i, q in enumerate(probs[: step.kept + 1]):  # conditional on the ones before being kept
             self.calibration.update(q, i < step.kept)
 
-
-    def _cores_shared(self) -> bool:
-        """Whether the process ``sharing`` watches used the CPU since the last call (or since the
-        request began): the step just verified then ran beside it."""
-        if self.sharing is None:
-            return False
-        now, seen = self.sharing(), self._sharing_seen
-        self._sharing_seen = now
-        return now is not None and seen is not None and now > seen
 
     def _observe_draft_cost(self, step: StepResult) -> None:
         """d is the cost of a drafted token while the drafter keeps up with the text. A draft that

@@ -67,19 +67,6 @@ def from_payload(payload: dict) -> Example:
     return Example(**{k: (torch.from_numpy(v) if isinstance(v, np.ndarray) else v) for k, v in payload.items()})
 
 
-def process_cpu_seconds(pid: int) -> float | None:
-    """User + system CPU seconds of process ``pid`` from /proc (Linux), or None."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()  # after the command name, which may hold spaces
-        return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS  # utime, stime: stat fields 14 and 15
-    except (OSError, IndexError, ValueError):
-        return None
-
-
-_CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") and "SC_CLK_TCK" in os.sysconf_names else 100
-
-
 class BackgroundTrainer:
     """Parent-side handle of the training process."""
 
@@ -144,13 +131,6 @@ class BackgroundTrainer:
     @property
     def alive(self) -> bool:
         return self._process.poll() is None
-
-    def cpu_seconds(self) -> float | None:
-        """CPU seconds the trainer process has used so far, all its threads (None where the system
-        does not say: no /proc, or the process is gone). Nice 19 gives decoding every contested time
-        slice, but an update's micro-batch already running when a request starts still shares the
-        caches and the memory bus with it until it ends."""
-        return process_cpu_seconds(self._process.pid)
 
     # ---- results --------------------------------------------------------------------------------
     def poll(self) -> Published | None:

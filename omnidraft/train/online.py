@@ -72,8 +72,6 @@ class OnlineLearning:
         self.recorder = Recorder(bridge.t2d >= 0, sink=self._submit, top_k=config.top_k)
         self._observers = [TrainingSignal(self.trainer), self.recorder]
         pipe.decoder.observers.extend(self._observers)
-        if self.trainer.cpu_seconds() is not None:  # the policy learns no costs from steps it trained during
-            pipe.decoder.cost_policy.sharing = self.trainer.cpu_seconds
         slot.source = self.trainer
         self.records = 0
 
@@ -99,7 +97,5 @@ class OnlineLearning:
             for obs in self._observers:
                 if obs in self.pipe.decoder.observers:
                     self.pipe.decoder.observers.remove(obs)
-            if self.pipe.decoder.cost_policy.sharing == self.trainer.cpu_seconds:
-                self.pipe.decoder.cost_policy.sharing = None
             self.pipe.adapter_slot.source = None
             self.lock.release()
