@@ -627,3 +627,52 @@ def test_verify_costs_timed_in_a_slow_moment_do_not_keep_drafting_off():
     assert b.verify_costs(0) < 1.05 * real[0]
     assert b._plan(offer, True)[0] > 0
     assert b.verify_costs(2) == pytest.approx(b.verify_costs(0) * real[2] / real[0], rel=0.01)
+
+
+def test_a_position_a_few_early_rejections_pushed_down_is_drafted_again_and_relearnt():
+    """The stop rule weighs the next token by that position's a_i, which only drafts reaching it can
+    correct: after five rejections at position 2, a drafter that is right wherever it is sure would
+    draft one token at a time until the decay forgot them (~250 drafts). The policy's deepening drafts
+    one token past the stop now and then, and the position is relearnt within a few dozen drafts."""
+    import torch
+
+    b = measured_policy(VerifyCosts({0: 0.067, 1: 0.070, 2: 0.074, 4: 0.078, 8: 0.101}), drafter_s=0.005)
+    b.stats.tried[0], b.stats.accepted[0] = 20.0, 15.0
+    b.stats.tried[1], b.stats.accepted[1] = 5.0, 0.0
+    sure = torch.tensor([10.0, 0.0, 0.0])
+    lengths = []
+    for _ in range(64):
+        stop = b.stop_rule(8, None)
+        stop.start()
+        n = 0
+        while n < 8:
+            n += 1
+            if stop.stop_after(0, sure, None, torch.zeros(4), sure):
+                break
+        lengths.append(n)
+        b.learn(step(DRAFTER, False, n, n, n, 0.005 * n, b.verify_costs(n)), reads_prompt=False)  # all kept
+    assert lengths[:EXPLORE_EVERY - 1] == [1] * (EXPLORE_EVERY - 1)  # stuck at one token, as the evidence says
+    assert max(lengths[EXPLORE_EVERY - 1:EXPLORE_EVERY + 1]) > 1  # then one draft goes past its stop
+    assert lengths[-8:] == [8] * 8, lengths  # and, its outcomes learnt, drafts grow on their own
+
+
+def test_a_deepened_token_that_is_rejected_makes_the_next_one_rarer_and_is_charged_to_its_budget():
+    import torch
+
+    b = measured_policy(VerifyCosts({0: 0.067, 1: 0.070, 2: 0.074, 4: 0.078, 8: 0.101}), drafter_s=0.005)
+    b.stats.tried[0], b.stats.accepted[0] = 20.0, 15.0
+    b.stats.tried[1], b.stats.accepted[1] = 30.0, 3.0  # position 2 is rarely kept, and that is well known
+    sure = torch.tensor([10.0, 0.0, 0.0])
+    deepened = []
+    for i in range(EXPLORE_EVERY * 8):
+        stop = b.stop_rule(8, None)
+        stop.start()
+        n = 1
+        while not stop.stop_after(0, sure, None, torch.zeros(4), sure):
+            n += 1
+        if n > 1:
+            deepened.append(i)
+        b.learn(step(DRAFTER, False, n, n, 1, 0.005 * n, b.verify_costs(n)), reads_prompt=False)  # one kept
+    gaps = [b - a for a, b in zip(deepened, deepened[1:])]
+    assert deepened and all(g2 > g1 for g1, g2 in zip(gaps, gaps[1:])), deepened  # each loss doubles the gap
+    assert 0 < b.deepening.lost <= EXPLORE_SHARE * b.deepening.steps + 0.2  # within its budget (one token's worth)

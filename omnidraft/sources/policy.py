@@ -26,7 +26,9 @@ One object (:class:`CostPolicy`) does the whole job, for every draft source alik
   short requests. A drafter's exploration is priced with the whole read of the text it skipped
   (where drafting never pays, the drafter reads again at each exploration). One
   routine (:class:`Exploration`) serves every source: one schedule for the lookups, which cost
-  nothing to draft, and one for the drafter.
+  nothing to draft, and one for the drafter. A third explores draft *lengths*: now and then a draft
+  goes one token past where its stop rule ends it, so a position whose a_i a few early rejections
+  pushed down is measured again.
 
 Why V must be measured: on a memory-bound target a few-token verify costs about one step (long
 drafts pay), on compute-bound CPU kernels it grows with the number of tokens, and neither is
@@ -199,6 +201,10 @@ class Exploration:
             self.lost += lost_steps
             self.every = EXPLORE_EVERY if lost_steps <= 0 else min(2 * self.every, EXPLORE_MAX)
             self.active = False
+
+    def cancel(self) -> None:
+        """The exploration chosen this step did not happen (the draft ended before it): nothing to settle."""
+        self.active = False
 
     def restart(self) -> None:
         """Explore again within EXPLORE_EVERY steps (the source changed): the gap starts again and
@@ -459,6 +465,11 @@ class CostPolicy:
         # exploration also reads all the text it skipped (unbudgeted, a fresh policy's first two lost
         # a short request several percent there); where verifies are flat, one costs a fraction of a step
         self.explorations = {False: Exploration(), True: Exploration()}
+        # a draft the stop rule ends goes one token further now and then, on its own schedule and budget:
+        # the stop rule reads the next position's a_i, which only drafts that reach it can correct, so a
+        # position whose first few outcomes were bad (three rejections) would otherwise stay unvisited
+        # until the decay forgot them, hundreds of steps of one-token drafts later
+        self.deepening = Exploration()
         self.choices: dict[int, int] = {}  # the drafter's allowance -> steps (what the policy did)
         self.weights: str | None = None  # the drafter's adapter version its statistics describe (None: unknown)
         self.path = path  # where the state is kept (None: in memory only)
@@ -579,7 +590,8 @@ class CostPolicy:
                 "weights": self.weights, "machine": self.machine,
                 "shelf": {key: ev.state() for key, ev in self.shelf.items()},
                 "weights_choice": self.weights_choice.state(),
-                "lookup_budget": self.explorations[True].state(), "drafter_budget": self.explorations[False].state()}
+                "lookup_budget": self.explorations[True].state(), "drafter_budget": self.explorations[False].state(),
+                "deepening_budget": self.deepening.state()}
 
     def restore(self, state: dict) -> bool:
         """Take a saved state; False (and nothing changed) for anything malformed. The running weights'
@@ -605,6 +617,7 @@ class CostPolicy:
         self.weights_choice.restore(state.get("weights_choice"))
         self.explorations[True].restore(state.get("lookup_budget"))
         self.explorations[False].restore(state.get("drafter_budget"))
+        self.deepening.restore(state.get("deepening_budget"))
         return True
 
     def drafter_weights(self, key: str) -> None:
@@ -628,6 +641,7 @@ class CostPolicy:
         if kept is None:
             kept = live.inherited(KEEP_ON_NEW_WEIGHTS)
             self.explorations[False].restart()
+            self.deepening.restart()
         self._take(kept)
 
     def _evidence(self) -> DrafterEvidence:
@@ -793,6 +807,24 @@ class CostPolicy:
     def sequence(self, k_max: int) -> SequentialDraft:
         return SequentialDraft(self.draft_cost.seconds_per_token, self._capped_verify(), k_max)
 
+    def deepen(self, drafted: int) -> bool:
+        """Whether a draft its stop rule ends after ``drafted`` tokens drafts one more, to explore the
+        next position (:attr:`deepening`): when the schedule is due and its budget affords the token
+        being rejected (d and the verify row it adds, in plain steps)."""
+        V = self._capped_verify()
+        cost = (self.draft_cost.seconds_per_token + max(V(drafted + 1) - V(drafted), 0.0)) / V(0)
+        return self.deepening.choose(0, lambda room: int(cost <= room)) > 0
+
+    def _settle_deepening(self, step: StepResult, at: int) -> None:
+        """An exploration of drafter position ``at`` (:meth:`deepen`): it lost the token's cost in plain
+        steps and won one token where the target kept it; a draft that ended before it settles nothing."""
+        if step.drafted < at:
+            self.deepening.cancel()
+            return
+        V = self._capped_verify()
+        cost = (self.draft_cost.seconds_per_token + max(V(step.proposed) - V(max(step.proposed - 1, 0)), 0.0)) / V(0)
+        self.deepening.settle(cost - int(step.kept >= at))
+
     def _capped_verify(self) -> Callable[[int], float]:
         """V, with V(0) never above V(1): a policy that drafts observes no plain step, so a V(0) once
         inflated (a slow moment) would otherwise keep it drafting at a loss."""
@@ -849,6 +881,9 @@ class CostPolicy:
             plain = self._capped_verify()(0)
             self.explorations[step.free].settle((step.draft_s + step.verify_s) / plain - (step.kept + 1))
         self.acceptance_for(step.key).update(step.drafted, step.kept)
+        if not step.free and self._stop is not None and self._stop.deepened:
+            self._settle_deepening(step, self._stop.deepened)
+            self._stop.deepened = 0
         probs = self._stop.probs if self._stop is not None and not step.free else []
         for i, q in enumerate(probs[: step.kept + 1]):  # conditional on the ones before being kept
             self.calibration.update(q, i < step.kept)
@@ -872,15 +907,22 @@ class CostAwareStop:
     def __init__(self, policy: CostPolicy, k_max: int, head: AcceptHead | None = None) -> None:
         self.policy, self.k_max, self.head = policy, k_max, head
         self.probs: list[float] = []  # q(token) of each drafted token, for the calibration
+        self.deepened = 0  # the drafter position this draft explores past its stop (0: none; CostPolicy.deepen)
 
     def start(self) -> None:
         self.probs = []
         self._seq = self.policy.sequence(self.k_max)
+        self.deepened = 0
 
     def stop_after(self, token, masked, q, hidden, logits) -> bool:
         prob = float(q[token]) if q is not None else float(torch.softmax(masked, -1)[token])
         self.probs.append(prob)
         estimate = self.head.accept_prob(hidden, logits) if self.head is not None else self.policy.calibration(prob)
         self._seq.push(min(max(estimate, 0.0), 1.0))
-        return not self._seq.should_continue(a_next=self.policy.stats.rate(self._seq.i + 1))
+        if self._seq.should_continue(a_next=self.policy.stats.rate(self._seq.i + 1)):
+            return False
+        if not self.deepened and self._seq.i < self.k_max and self.policy.deepen(self._seq.i):
+            self.deepened = self._seq.i + 1
+            return False
+        return True
 
