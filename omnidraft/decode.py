@@ -5,7 +5,9 @@ One step (:meth:`SpeculativeDecoder.step`), top to bottom:
 1. draft: the draft sources (prompt lookup in the context, the lookup history, the model drafter:
    ``omnidraft/sources``) each offer what they could propose, and the policy picks at most one
    offer (the cost policy: the one expected to emit the most tokens per second), which proposes
-   up to k target ids. None: a plain target step;
+   up to k target ids. None: a plain target step. On the step that reads the request's new text
+   the policy may leave the first token to the target (``SourcePolicy.may_draft_first``): a
+   drafter far behind would read all of that text first;
 2. verify: one target forward scores the unread context and the proposals, and the verification
    rule keeps n of them and picks the next token (where the target runs: ``target/base.py``);
 3. accept: the kept proposals plus that token, cut at end-of-sequence and at ``max_new_tokens``;
@@ -234,20 +236,25 @@ class SpeculativeDecoder:
     def _steps(self, ids: list[int], sources: Sequence[DraftSource], policy: SourcePolicy, config: DecodeConfig,
                rows: RowRequest | None, between: Callable[[], None]) -> Iterator[StepResult]:
         """The request's steps, one after another; the caller appends each one's tokens to ``ids``."""
+        first = True  # the step that reads the request's new text
         while self.stats.new_tokens < config.max_new_tokens:
             between()
-            step = self.step(ids, sources, policy, config, rows)
+            step = self.step(ids, sources, policy, config, rows, first=first)
+            first = False
             yield step
             if step.done:
                 return
 
     def step(self, ids: list[int], sources: Sequence[DraftSource], policy: SourcePolicy, config: DecodeConfig,
-             rows: RowRequest | None) -> StepResult:
-        """One speculative step after the context ``ids`` (see the module docstring)."""
+             rows: RowRequest | None, first: bool = False) -> StepResult:
+        """One speculative step after the context ``ids`` (see the module docstring). ``first``: the
+        step that reads the request's new text (``SourcePolicy.may_draft_first``)."""
         room = config.max_new_tokens - self.stats.new_tokens - 1  # proposals that fit: the last token is the target's
         times = StepTimes()
         # 1) draft: the offer the policy takes (none, or no room: a plain target step)
         offers = self._offers(ids, sources, room)
+        if first:
+            offers = [(source, offer) for source, offer in offers if policy.may_draft_first(offer, source.free)]
         chosen, k = policy.choose([(offer, source.free) for source, offer in offers])
         source, offer, proposal = None, None, None
         if chosen >= 0:

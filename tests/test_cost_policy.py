@@ -676,3 +676,53 @@ def test_a_deepened_token_that_is_rejected_makes_the_next_one_rarer_and_is_charg
     gaps = [b - a for a, b in zip(deepened, deepened[1:])]
     assert deepened and all(g2 > g1 for g1, g2 in zip(gaps, gaps[1:])), deepened  # each loss doubles the gap
     assert 0 < b.deepening.lost <= EXPLORE_SHARE * b.deepening.steps + 0.2  # within its budget (one token's worth)
+
+
+def test_the_first_token_waits_for_no_long_drafter_read_and_a_fixed_rule_still_drafts_it():
+    """The step that reads the request's text emits its first token. Where the drafter would first read
+    that text for longer than a plain step, the cost policy leaves the step to the target and the
+    drafter drafts from the next step on; a short read (a chat turn whose history was read ahead)
+    drafts at once, and a fixed stop rule drafts from the first step, as it says. The output is the
+    target's every time."""
+    from dataclasses import replace
+
+    d_model, target, bridge = tiny_pair()
+    prompt = target.tokenizer.encode("the cat sat on the mat and the dog")
+    config = DecodeConfig(max_new_tokens=16, draft_len=4, lookup=False)
+    expected = SpeculativeDecoder(target).generate(prompt, config).token_ids
+
+    def sources_by_step(read_s: float | None, config: DecodeConfig = config) -> list[str | None]:
+        decoder = SpeculativeDecoder(target, make_drafter(d_model, bridge, target), bridge)
+        if read_s is not None:
+            policy = measured_policy(VerifyCosts.flat(0.150), drafter_s=0.001)
+            policy.read_cost = DraftCost(read_s)
+            decoder.cost_policy = holding_costs(policy)
+        seen, plain_step_fn = [], decoder.step
+
+        def step(*args, **kwargs):
+            result = plain_step_fn(*args, **kwargs)
+            seen.append(result.source)
+            return result
+
+        decoder.step = step
+        assert decoder.generate(prompt, config).token_ids == expected
+        return seen
+
+    slow_read = sources_by_step(read_s=0.150 / 10)  # the prompt: 20 drafter tokens, read in two steps' time
+    assert slow_read[0] is None and slow_read[1] == DRAFTER, slow_read
+    assert sources_by_step(read_s=0.150 / 1000)[0] == DRAFTER
+    assert sources_by_step(None, replace(config, draft_stop="fixed"))[0] == DRAFTER
+
+
+def test_a_free_lookup_may_draft_the_step_that_reads_the_prompt():
+    d_model, target, bridge = tiny_pair()
+    text = "the cat sat on the mat and the dog sat on the log"
+    prompt = target.tokenizer.encode(text + " " + text + " " + text)[:-3]  # ends inside a repeat: a long match
+    config = DecodeConfig(max_new_tokens=8, draft_len=4)
+    decoder = SpeculativeDecoder(target, make_drafter(d_model, bridge, target), bridge)
+    decoder.cost_policy = holding_costs(measured_policy(VerifyCosts.flat(0.150), drafter_s=0.001))
+    first = decoder.step
+    sources = []
+    decoder.step = lambda *a, **k: sources.append(first(*a, **k)) or sources[-1]
+    assert decoder.generate(prompt, config).token_ids == SpeculativeDecoder(target).generate(prompt, config).token_ids
+    assert sources[0].source == "context" and sources[0].proposed > 0, [s.source for s in sources]

@@ -382,6 +382,10 @@ class SourcePolicy(Protocol):
     def prepare(self) -> None:
         """A request starts (before its sources begin): pick the weights it drafts with."""
 
+    def may_draft_first(self, offer: Offer, free: bool) -> bool:
+        """Whether ``offer`` may draft the step that reads the request's new text (its prompt, a chat
+        turn), the step whose verify emits the request's first token."""
+
     def order(self, sources: Sequence[DraftSource]) -> list[DraftSource]: ...
     def choose(self, offers: Sequence[tuple[Offer, bool]]) -> tuple[int, int]: ...
     def stop_rule(self, k_max: int, head: AcceptHead | None) -> StopRule | None: ...
@@ -406,6 +410,9 @@ class NoCostPolicy:
     allowed, and nothing is measured or learned."""
 
     needs_measuring = False
+
+    def may_draft_first(self, offer: Offer, free: bool) -> bool:
+        return True  # every source drafts what it is allowed, from the first step on
 
     def prepare(self) -> None:
         pass  # the drafter runs the weights it was given
@@ -791,6 +798,19 @@ class CostPolicy:
                               catch_up)
         k = best_rate(rates, DRAFT_MIN_GAIN)
         return k, rates[k], lambda room: explore_length(d, costs, k_max, room, catch_up, read)
+
+    def may_draft_first(self, offer: Offer, free: bool) -> bool:
+        """Whether ``offer`` may draft the step that reads a request's new text. A free source may. The
+        drafter would first read all the text it has not read, and the first token would wait for that
+        read, the draft and the longer verify: where the read alone takes longer than a plain step (a
+        new prompt: a few hundred ms), the first token is left to the target, which emits it at its own
+        latency, and the drafter reads the text at the next step, as a catch-up. The request gives up
+        the proposals that would have ridden along the prompt read, about one plain step's worth
+        (docs/performance.md). A chat turn whose history the drafter read while the user typed
+        (``chat/session.py``) reads only the new message, and drafts at once."""
+        if free or not self.measured or not self.read_cost.known:
+            return True
+        return offer.unread * self.read_cost.seconds_per_token <= self._capped_verify()(0)
 
     def catch_up_per_token(self, unread: int, room: int = 0) -> float:
         """Seconds each emitted token pays for reading ``unread`` tokens first: the read spread over
