@@ -831,8 +831,7 @@ class CostPolicy:
         """Whether a draft its stop rule ends after ``drafted`` tokens drafts one more, to explore the
         next position (:attr:`deepening`): when the schedule is due and its budget affords the token
         being rejected (d and the verify row it adds, in plain steps)."""
-        V = self._capped_verify()
-        cost = (self.draft_cost.seconds_per_token + max(V(drafted + 1) - V(drafted), 0.0)) / V(0)
+        cost = self._one_more_token(drafted + 1)
         return self.deepening.choose(0, lambda room: int(cost <= room)) > 0
 
     def _settle_deepening(self, step: StepResult, at: int) -> None:
@@ -841,9 +840,13 @@ class CostPolicy:
         if step.drafted < at:
             self.deepening.cancel()
             return
+        self.deepening.settle(self._one_more_token(step.proposed) - int(step.kept >= at))
+
+    def _one_more_token(self, k: int) -> float:
+        """Plain steps' worth of time one more drafted token costs where it makes the k-th verified
+        row: d and what that row adds to the verify."""
         V = self._capped_verify()
-        cost = (self.draft_cost.seconds_per_token + max(V(step.proposed) - V(max(step.proposed - 1, 0)), 0.0)) / V(0)
-        self.deepening.settle(cost - int(step.kept >= at))
+        return (self.draft_cost.seconds_per_token + max(V(k) - V(max(k - 1, 0)), 0.0)) / V(0)
 
     def _capped_verify(self) -> Callable[[int], float]:
         """V, with V(0) never above V(1): a policy that drafts observes no plain step, so a V(0) once
