@@ -13,6 +13,7 @@ import shutil
 import pytest
 import torch
 from conftest import DRAFTER, TEST_HOME, check_drop, greedy_with_backend, last_logits, long_document
+from tiny import holding_costs
 
 from omnidraft import kernels, models
 from omnidraft.adapter.store import architecture_fingerprint, identity_of
@@ -186,6 +187,36 @@ def test_a_misfit_adapter_is_refused_and_a_fork_carries_the_adapter(native, peft
         assert lm.cached_ids == ids[:10] and other.cached_ids == ids[:30]  # caches of their own
         lm.apply_adapter(None)
         assert torch.equal(other.logits_for(ids[:30]), adapted)  # an adapter is per instance
+    finally:
+        lm.apply_adapter(None)
+
+
+@pytest.mark.real
+def test_switching_to_the_base_weights_and_back_is_a_swap_that_gives_the_same_logits(native, peft_drafter):
+    """The weights choice alternates an adapter and the base weights draft by draft: the way back to
+    the adapter set aside must give its logits bit for bit, and another adapter replaces it."""
+    lm, tok = native
+    _, state, scaling = peft_drafter
+    ids = list(tok.encode(TEXT))[:30]
+    lm.apply_adapter(None)
+    base = lm.logits_for(ids).clone()
+    lm.apply_adapter(state, scaling)
+    adapted = lm.logits_for(ids).clone()
+    assert not torch.equal(base, adapted)
+    assert lm.cheap_adapter_switch
+    try:
+        for _ in range(2):
+            lm.apply_adapter(None)
+            assert lm._stashed is not None and torch.equal(lm.logits_for(ids), base)
+            lm.apply_adapter(state, scaling)  # the same state: swapped back, not converted
+            assert lm._stashed is None and torch.equal(lm.logits_for(ids), adapted)
+        halved = {k: v / 2 if "lora_B" in k else v for k, v in state.items()}
+        lm.apply_adapter(None)
+        lm.apply_adapter(halved, scaling)  # another adapter: converted, and the one set aside dropped
+        other = lm.logits_for(ids).clone()
+        assert lm._stashed is None and not torch.equal(other, adapted) and not torch.equal(other, base)
+        lm.apply_adapter(state, 2 * scaling)  # the same tensors at another scaling are other weights
+        assert not torch.equal(lm.logits_for(ids), adapted)
     finally:
         lm.apply_adapter(None)
 
@@ -395,12 +426,14 @@ def test_a_text_rewritten_before_the_cache_reads_only_what_is_new(native, long_t
 @pytest.mark.real
 def test_the_weights_choice_runs_the_adapter_then_the_base_weights_and_keeps_the_targets_output(tmp_path, native,
                                                                                                 peft_drafter, real_models):
-    """The real pair with an adapter in the pipeline: the first request drafts with the adapter (its
-    news), the second with the base weights; both give the target's own greedy output. The bench's
-    fork for its greedy mode switches its own weights and leaves the pipeline's drafter adapted."""
+    """The real pair with an adapter in the pipeline: on the native drafter a switch is a swap, so the
+    first requests are paired trials, the adapter and the base weights drafting in turn on the same
+    text; every request gives the target's own greedy output. The bench's fork for its greedy mode
+    switches its own weights and leaves the pipeline's drafter adapted."""
     from omnidraft.adapter.store import BASE_WEIGHTS
     from omnidraft.bench.runner import weights_choice_slot
     from omnidraft.config import DecodeConfig
+    from omnidraft.costs import DraftCost, VerifyCosts
     from omnidraft.decode import SpeculativeDecoder
     from omnidraft.runtime import encode_prompt
     from omnidraft.train.publish import save
@@ -420,12 +453,18 @@ def test_the_weights_choice_runs_the_adapter_then_the_base_weights_and_keeps_the
     prompt = encode_prompt(pipe.target_tokenizer, "Write a Python function that reverses a list.")
     config = DecodeConfig(max_new_tokens=24)
     alone = SpeculativeDecoder(decoder.target).generate(prompt, DecodeConfig(max_new_tokens=24, lookup=False))
-    ran = []
+    assert slot.alternates
+    policy = decoder.cost_policy  # costs at which drafting pays, held whatever this host's speed
+    policy.verify_costs = VerifyCosts({0: 0.050, 1: 0.052, 2: 0.054, 4: 0.058, 8: 0.066})
+    policy.draft_cost, policy.read_cost = DraftCost(0.0005), DraftCost(0.0001)
+    holding_costs(policy)
     for _ in range(2):
         assert decoder.generate(prompt, config).token_ids == alone.token_ids
-        ran.append(slot.weights)
-    assert ran == [slot.adapter_weights, BASE_WEIGHTS] and slot.current is not None
-    assert set(decoder.cost_policy.shelf) == {slot.adapter_weights}  # the adapter's evidence, kept aside
+    trials = policy.weights_choice.trials
+    assert trials is not None and trials.adapter == slot.adapter_weights and slot.current is not None
+    assert set(trials.tally) == {slot.adapter_weights, BASE_WEIGHTS}  # both drafted, in turn
+    assert policy.weights_choice.picks.get("paired", 0) >= 1
+    assert set(policy.shelf) | {policy.weights} == {slot.adapter_weights, BASE_WEIGHTS}  # each its own evidence
     fork = weights_choice_slot(slot)
     assert fork is not None and fork.drafter.lm is not slot.drafter.lm
     fork.run(BASE_WEIGHTS)
@@ -451,7 +490,7 @@ def test_the_weights_choice_runs_the_adapter_then_the_base_weights_and_keeps_the
         report = policy_report(fns)
         for mode in ("greedy", "greedy@llamacpp"):  # the first request measures; each later one is chosen
             picks = report[mode]["weights_requests"]
-            assert sum(picks.values()) == 2 and picks["base"] >= 1, (mode, picks)
+            assert sum(picks.values()) == 2 and picks.get("paired", 0) >= 1, (mode, picks)
         assert slot.weights == slot.adapter_weights  # the pipeline's own slot kept its adapter
     finally:
         llama.close()

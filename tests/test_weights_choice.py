@@ -15,6 +15,8 @@ from omnidraft.config import DecodeConfig
 from omnidraft.costs import DraftCost, VerifyCosts
 from omnidraft.decode import SpeculativeDecoder
 from omnidraft.runtime import make_drafter
+from omnidraft.verify.proposal import Proposal
+from omnidraft.sources.base import StepResult, StepTimes
 from omnidraft.sources.policy import DRAFTER, KEEP_ON_NEW_WEIGHTS, WEIGHTS_GAP_MAX, WEIGHTS_GAP_MIN, CostPolicy, WeightsChoice
 
 CPU_COSTS = {0: 0.050, 1: 0.056, 2: 0.060, 4: 0.068, 8: 0.090}  # a target whose verifies grow slowly
@@ -205,6 +207,129 @@ def test_the_slot_runs_the_base_weights_with_the_adapter_kept_and_the_cache_kept
     twin = copy.deepcopy(decoder.cost_policy)  # what the demo's timing reruns decide on
     assert twin.switch is slot and twin.stats is not decoder.cost_policy.stats
     assert twin.state() == decoder.cost_policy.state() and twin.measured  # the same evidence, costs and schedule
+
+
+class AlternatingSwitch(Switch):
+    """A switch that is a swap (the native drafter's): the policy may alternate weights draft by draft."""
+
+    alternates = True
+
+
+def drafted_step(kept: int, d: float = 0.006, verify_s: float = 0.068) -> StepResult:
+    """A draft of 4 by the model drafter, ``kept`` of them accepted."""
+    return StepResult("drafter", DRAFTER, False, Proposal([1, 2, 3, 4]), 4, kept, [0] * (kept + 1), False, None,
+                      StepTimes(draft_s=4 * d, verify_s=verify_s), kept=kept)
+
+
+# texts that alternate hard and easy; on each the adapter keeps 0.2 more of its drafts than the base weights
+HARD_EASY = {"adapter": {"hard": 0.4, "easy": 0.9}, "base": {"hard": 0.2, "easy": 0.7}}
+
+
+def serve_texts(b: CostPolicy, switch: Switch, texts: list[str], shares: dict = HARD_EASY) -> list[str]:
+    """Each request (one per text) makes 20 drafts of 4 through ``learn``, each kept whole or not at
+    all as ``shares[weights][text]`` says, by the weights running at that draft. Returns what each
+    request ran: a weights key, or "paired" for a paired trial."""
+    ran = []
+    for text in texts:
+        b.prepare()
+        ran.append("paired" if b.weights_choice.pairing else switch.running)
+        for i in range(20):
+            share = shares["base" if switch.running == BASE_WEIGHTS else "adapter"][text]
+            b.learn(drafted_step(4 if (i % 10) < share * 10 else 0), reads_prompt=False)
+    return ran
+
+
+def test_paired_trials_pick_the_adapter_that_is_better_on_every_text_where_whole_requests_do_not():
+    """The base weights' one request falls on an easy text and the adapter's on hard ones: compared
+    request by request the base weights look faster and run on most requests. Alternating the two
+    draft by draft on the same text, the adapter wins its first trial and runs from the next request
+    on (request by request, the base weights ran 13 of the first 15); the base weights
+    draft only inside the later trials, each of which confirms the choice and doubles the gap."""
+    texts = ["hard", "easy"] * 20
+    b, switch = policy_with()
+    unpaired = serve_texts(b, switch, texts)
+    assert unpaired[:2] == [V1, BASE_WEIGHTS] and unpaired[:15].count(BASE_WEIGHTS) >= 10  # the confound
+    b, switch = policy_with()
+    switch.__class__ = AlternatingSwitch
+    ran = serve_texts(b, switch, texts)
+    assert ran[0] == "paired" and ran[1] == V1 and BASE_WEIGHTS not in ran
+    assert ran.count(V1) >= 32 and b.weights_choice.preferred == V1
+    assert b.weights_choice.trials.winner() == V1 and b.weights_choice.gap > WEIGHTS_GAP_MIN
+    trials = [i for i, w in enumerate(ran) if w == "paired"]
+    assert all(b2 - a2 >= b1 - a1 for (a1, b1), (a2, b2) in zip(zip(trials, trials[1:]), zip(trials[1:], trials[2:])))
+    assert b.weights_choice.picks == {"adapter": ran.count(V1), "base": 0, "paired": len(trials)}
+
+
+def test_paired_trials_follow_the_base_weights_where_the_adapter_stops_paying():
+    """The adapter's LoRA branches make its drafts dearer: where it accepts no more than the base
+    weights, the paired trial picks them; a new adapter version is tried afresh."""
+    b, switch = policy_with()
+    switch.__class__ = AlternatingSwitch
+    even = {"adapter": {"text": 0.5}, "base": {"text": 0.5}}
+    for _ in range(1 + WEIGHTS_GAP_MIN):  # a trial, then a gap of requests on its winner
+        b.prepare()
+        for i in range(20):
+            adapter = switch.running != BASE_WEIGHTS
+            kept = 4 if (i // 2) % 2 == 0 else 0  # each weights keeps half of its drafts, alternating in turn
+            b.learn(drafted_step(kept, d=0.0085 if adapter else 0.006), reads_prompt=False)
+    assert b.weights_choice.preferred == BASE_WEIGHTS and switch.running == BASE_WEIGHTS
+    switch.adapter_weights = V2  # the trainer's next version
+    assert serve_texts(b, switch, ["text"], even) == ["paired"] and b.weights_choice.trials.adapter == V2
+
+
+def test_paired_trials_are_kept_with_the_policy_and_a_damaged_record_starts_them_again(tmp_path):
+    import json
+
+    b, switch = policy_with()
+    switch.__class__ = AlternatingSwitch
+    serve_texts(b, switch, ["hard", "easy"] * 3)
+    b.keep_at(tmp_path / "pair.json")
+    b.save()
+    again = CostPolicy()
+    again.keep_at(tmp_path / "pair.json")
+    assert again.weights_choice.trials == b.weights_choice.trials and again.weights_choice.preferred == V1
+    state = json.loads((tmp_path / "pair.json").read_text())
+    state["weights_trials"]["tally"][V1] = [1.0, -2.0, 3.0]
+    (tmp_path / "pair.json").write_text(json.dumps(state))
+    damaged = CostPolicy()
+    damaged.keep_at(tmp_path / "pair.json")
+    assert damaged.measured and damaged.weights_choice.trials is None and damaged.weights_choice.preferred is None
+
+
+def test_a_paired_trial_switches_the_weights_between_drafts_and_keeps_the_targets_output(tmp_path):
+    """On a drafter whose switch is a swap, a trial request alternates the adapter and the base
+    weights after every draft, keeping the drafter's cache; every request's output is the target's."""
+    from omnidraft.adapter import store
+    from omnidraft.adapter.slot import AdapterSlot
+    from omnidraft.train.publish import save as publish
+
+    from test_adapter_store import IDENTITY, _peft
+    from tiny import holding_costs
+
+    d_model, target, bridge = tiny_pair()
+    drafter = make_drafter(d_model, bridge, target)
+    drafter.lm.cheap_adapter_switch = True  # a merge on torch: correct, only dearer than the native swap
+    path = publish(tmp_path / "pair", _peft(), {"identity": vars(IDENTITY)})
+    slot = AdapterSlot(drafter, IDENTITY, tmp_path / "pair")
+    slot.use(store.load(path, IDENTITY))
+    assert slot.alternates
+    decoder = SpeculativeDecoder(target, drafter, bridge)
+    policy = decoder.cost_policy
+    told: list[str] = []
+    slot.listeners += [policy.drafter_weights, told.append]
+    policy.drafter_weights(slot.weights)
+    policy.switch = slot
+    decoder.observers.append(slot)
+    policy.verify_costs, policy.draft_cost, policy.read_cost = VerifyCosts(CPU_COSTS), DraftCost(0.0005), DraftCost(0.0001)
+    holding_costs(policy)  # drafting pays at these costs whatever this host's speed
+    prompt = target.tokenizer.encode("the cat sat on")
+    alone = SpeculativeDecoder(target).generate(prompt, DecodeConfig(max_new_tokens=24, lookup=False)).token_ids
+    for _ in range(2):
+        assert decoder.generate(prompt, DecodeConfig(max_new_tokens=24, lookup=False)).token_ids == alone
+    trials = policy.weights_choice.trials
+    drafts = {w: e[2] for w, e in trials.tally.items()}
+    assert set(drafts) == {str(path), BASE_WEIGHTS} and sum(drafts.values()) >= 4, drafts
+    assert told.count(BASE_WEIGHTS) >= 2 and abs(drafts[str(path)] - drafts[BASE_WEIGHTS]) <= 2  # in turn
 
 
 def test_without_an_adapter_nothing_is_switched():

@@ -54,6 +54,12 @@ class AdapterSlot(DecodeObserver):
         return str(self.current.path) if self.current is not None else None
 
     @property
+    def alternates(self) -> bool:
+        """Whether a switch between the adapter and the base weights is a swap (``WeightsSwitch``): the
+        backend sets the adapter aside instead of converting it again (the native drafter)."""
+        return bool(getattr(self.drafter.lm, "cheap_adapter_switch", False))
+
+    @property
     def weights(self) -> str:
         """Which weights the drafter runs: the adapter version's folder, or "none"."""
         return self.adapter_weights if self.current is not None and not self.on_base else BASE_WEIGHTS

@@ -169,6 +169,10 @@ def load_native_model(gguf: str | Path, index_dir: Path | None = None) -> Native
 class NativeDraftLM:
     """:class:`~omnidraft.drafter.base.DraftLM` over the native forward (one KV cache per instance)."""
 
+    # a switch between one adapter and the base weights, back and forth, is a swap (``apply_adapter``):
+    # the weights choice may alternate them draft by draft (``sources.policy.WeightsChoice``)
+    cheap_adapter_switch = True
+
     def __init__(self, weights: NativeModel, n_threads: int | None = None) -> None:
         from omnidraft import kernels
 
@@ -178,7 +182,12 @@ class NativeDraftLM:
         self._cache = kernels.qdraft().Cache(weights.model)
         self._ids: list[int] = []
         self._hidden = torch.zeros(self.hidden_size)
-        self._adapter: tuple[dict[str, torch.Tensor], float] | None = None
+        self._adapter: tuple[dict[str, torch.Tensor], float] | None = None  # the live LoRA pairs, scaling
+        # ``apply_adapter(None)`` sets the live adapter aside rather than dropping it, so that a switch back
+        # to the same state (the object, as the adapter slot holds it) costs a swap, not a conversion
+        self._state: dict[str, torch.Tensor] | None = None
+        self._stashed: tuple[dict[str, torch.Tensor], float] | None = None
+        self._stashed_state: dict[str, torch.Tensor] | None = None
 
     @property
     def cached_ids(self) -> list[int]:
@@ -230,23 +239,35 @@ class NativeDraftLM:
         fork = NativeDraftLM(self.weights, self.n_threads)
         if self._adapter is not None:
             fork._use(*self._adapter)
+            fork._adapter, fork._state = self._adapter, self._state
         return fork
 
     def apply_adapter(self, state: dict[str, torch.Tensor] | None, scaling: float = 1.0, keep_cache: bool = False) -> None:
         """Use LoRA tensors (peft names) scaled by ``scaling``; None: the base weights. A state that does
         not fit raises ValueError before anything changes. ``keep_cache``: see ``DraftLM.apply_adapter``."""
         if state is None:
-            self._use({}, 0.0)
-            self._adapter = None
+            if self._adapter is not None and self._stashed is None:  # set aside: the way back is a swap
+                self._cache.swap_lora()
+                self._stashed, self._stashed_state = self._adapter, self._state
+            else:
+                self._use({}, 0.0)
+            self._adapter = self._state = None
+        elif self._adapter is None and self._stashed is not None and state is self._stashed_state \
+                and self._stashed[1] == float(scaling):  # the adapter set aside: swapped back in
+            self._cache.swap_lora()
+            self._adapter, self._state = self._stashed, state
+            self._stashed = self._stashed_state = None
         else:
             pairs = self._pairs(state)
             self._use(pairs, float(scaling))
-            self._adapter = (pairs, float(scaling))
+            self._adapter, self._state = (pairs, float(scaling)), state
         if not keep_cache:
             self.reset()  # the cached keys were computed under the old weights
 
     def _use(self, pairs: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]], scaling: float) -> None:
         self._cache.clear_lora()
+        self._cache.clear_stash()  # any adapter set aside is replaced (only the newest version runs again)
+        self._stashed = self._stashed_state = None
         for (layer, slot), (a, b) in pairs.items():
             self._cache.set_lora(layer, slot, a, b, scaling)
 

@@ -502,6 +502,7 @@ struct Model {
 struct Cache {
   std::shared_ptr<Model> model;
   std::vector<std::vector<Lora>> lora;  // [layer][slot], undefined tensors where none
+  std::vector<std::vector<Lora>> stash;  // another adapter set aside (`swap_lora`): a switch back is a swap
   std::vector<std::vector<uint16_t>> k;  // float16 [layer][position / 8][kv head][dim][position % 8]: 8 positions' keys
                                          // transposed in one contiguous 2 KB tile (scores of 8 positions per pass)
   std::vector<std::vector<uint16_t>> v;  // float16 [layer][position * kv_dim]
@@ -527,6 +528,15 @@ struct Cache {
   void clear_lora() {
     for (auto& l : lora) for (auto& s : l) s = Lora{};
   }
+
+  // The live adapter and the stashed one trade places, without a copy: a policy that alternates the
+  // adapter and the base weights draft by draft pays no conversion per switch.
+  void swap_lora() {
+    if (stash.size() != lora.size()) stash.assign(lora.size(), std::vector<Lora>(N_SLOTS));
+    std::swap(lora, stash);
+  }
+
+  void clear_stash() { stash.clear(); }
 
   void reserve(int64_t positions) {
     if (positions <= capacity) return;
@@ -716,6 +726,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("forward", &Cache::forward, pybind11::call_guard<pybind11::gil_scoped_release>())
       .def("set_lora", &Cache::set_lora)
       .def("clear_lora", &Cache::clear_lora)
+      .def("swap_lora", &Cache::swap_lora)
+      .def("clear_stash", &Cache::clear_stash)
       .def("drop", &Cache::drop)
       .def_readonly("hidden", &Cache::hidden);
   m.def("use_vnni", [](bool on) {

@@ -17,7 +17,8 @@ One object (:class:`CostPolicy`) does the whole job, for every draft source alik
 - **learn**: every verified step updates V, d and the acceptance counts (``learn``), kept per set
   of drafter weights: the base weights and the adapter each have their own (``DrafterEvidence``);
 - **choose weights**: where the drafter holds an adapter, each request drafts with the adapter or
-  the base weights, whichever the evidence expects to be faster (:class:`WeightsChoice`);
+  the base weights, whichever the evidence expects to be faster (:class:`WeightsChoice`); where a
+  switch is a swap, the two are compared on the same text, draft by draft (:class:`PairedTrials`);
 - **explore**: a source the statistics turned off drafts anyway now and then (when drafting could
   pay at all), so the statistics follow a drafter or text that changes; each exploration that
   loses time makes the next one twice as rare (every ``EXPLORE_EVERY`` skipped steps at first, at
@@ -45,7 +46,7 @@ import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -104,6 +105,10 @@ STATE_FORMAT = 2
 # request that confirms the choice doubles the gap, up to WEIGHTS_GAP_MAX
 WEIGHTS_GAP_MIN = 4
 WEIGHTS_GAP_MAX = 32
+# paired trials (where a switch of weights is a swap): drafts each weights needs in the trials' tally
+# before it decides, and the share of the earlier trials' tally a new trial keeps
+TRIAL_MIN_DRAFTS = 6
+TRIAL_KEEP = 0.5
 
 
 class ConfidenceCalibration:
@@ -311,7 +316,8 @@ def _positive(x: object) -> float | None:
 
 class WeightsSwitch(Protocol):
     """What runs the drafter's weights (``AdapterSlot``): the policy picks, per request, between its
-    adapter and its base weights."""
+    adapter and its base weights. A switch may also say ``alternates = True``: switching back and
+    forth costs nothing (a swap), so a request may alternate the two draft by draft."""
 
     @property
     def adapter_weights(self) -> str | None:
@@ -319,6 +325,54 @@ class WeightsSwitch(Protocol):
 
     def run(self, weights: str) -> None:
         """Draft this request with ``weights`` (the adapter's key or BASE_WEIGHTS)."""
+
+
+@dataclass
+class PairedTrials:
+    """The adapter against the base weights on the same text: in a trial request the two draft in
+    turn, draft by draft, and each drafted step adds its emitted tokens and seconds to its weights'
+    tally. Comparing whole requests instead compares texts as much as weights: one run of the base
+    weights on an easy prompt, against the adapter's evidence from a hard one (or from a 16-token
+    warm-up in prose), picks the slower weights for many requests (docs/performance.md). Adjacent
+    drafts see nearly the same text, so what differs between the tallies is the weights, with their
+    own draft lengths and costs. A new trial keeps TRIAL_KEEP of the earlier trials' tally, so the
+    comparison follows the text a user writes. One adapter version at a time."""
+
+    adapter: str
+    tally: dict[str, list[float]] = field(default_factory=dict)  # weights -> [tokens, seconds, drafts]
+
+    def add(self, weights: str, tokens: int, seconds: float) -> None:
+        entry = self.tally.setdefault(weights, [0.0, 0.0, 0.0])
+        entry[0] += tokens
+        entry[1] += max(seconds, 0.0)
+        entry[2] += 1
+
+    def keep(self, share: float) -> None:
+        for entry in self.tally.values():
+            entry[:] = [x * share for x in entry]
+
+    def winner(self) -> str | None:
+        """The weights with more tokens per drafting-and-verifying second, once both have drafted
+        TRIAL_MIN_DRAFTS times in the tally; None before."""
+        if len(self.tally) < 2 or any(e[2] < TRIAL_MIN_DRAFTS or e[1] <= 0 for e in self.tally.values()):
+            return None
+        return max(self.tally, key=lambda w: self.tally[w][0] / self.tally[w][1])
+
+    def state(self) -> dict:
+        return {"adapter": self.adapter, "tally": {w: list(e) for w, e in self.tally.items()}}
+
+    @classmethod
+    def from_state(cls, saved: object) -> PairedTrials | None:
+        """None for anything malformed."""
+        try:
+            tally = {str(w): [float(x) for x in e] for w, e in saved["tally"].items()}
+            adapter = saved["adapter"]
+        except (KeyError, TypeError, ValueError, AttributeError):
+            return None
+        if not isinstance(adapter, str) or len(tally) > 2 or any(
+                len(e) != 3 or not all(math.isfinite(x) and x >= 0 for x in e) for e in tally.values()):
+            return None
+        return cls(adapter, tally)
 
 
 class WeightsChoice:
@@ -334,6 +388,11 @@ class WeightsChoice:
     Which is faster is the cost policy's own estimate for each: E(k) / T(k) at the best k, with that
     weights' per-position acceptance and d. An adapter version never drafted with yet (the trainer's
     news) runs first; the base weights, once, next.
+
+    Where a switch is a swap (``WeightsSwitch.alternates``: the native drafter), whole requests are not
+    compared: a trial request alternates the two weights draft by draft (:class:`PairedTrials`), the
+    first request of each adapter version is one, and the winner runs until the next trial, one per
+    gap as above.
     """
 
     def __init__(self) -> None:
@@ -341,12 +400,39 @@ class WeightsChoice:
         self.since = 0
         self.trying: str | None = None  # the weights the last request tried against the preferred ones
         self.picks = {"adapter": 0, "base": 0}  # what this process's requests ran (bench reports it)
+        # where the switch alternates: the paired trials' tally, what they found faster, and whether
+        # the request now running is a trial
+        self.trials: PairedTrials | None = None
+        self.preferred: str | None = None
+        self.pairing = False
 
-    def pick(self, values: dict[str, float | None], adapter: str) -> str:
-        """``values``: each weights' expected gain over a plain step (None: never drafted with)."""
-        weights = self._pick(values, adapter)
-        self.picks["base" if weights == BASE_WEIGHTS else "adapter"] += 1
+    def pick(self, values: dict[str, float | None], adapter: str, alternates: bool = False) -> str:
+        """``values``: each weights' expected gain over a plain step (None: never drafted with).
+        ``alternates``: a switch is a swap, so the choice is made by paired trials (``pairing`` says
+        whether this request is one: the policy then alternates the weights after each draft)."""
+        if alternates:
+            weights = self._pick_paired(adapter)
+        else:
+            self.pairing, weights = False, self._pick(values, adapter)
+        key = "paired" if self.pairing else "base" if weights == BASE_WEIGHTS else "adapter"
+        self.picks[key] = self.picks.get(key, 0) + 1
         return weights
+
+    def _pick_paired(self, adapter: str) -> str:
+        if self.trials is None or self.trials.adapter != adapter:  # a new version: compared afresh
+            self.trials, self.preferred, self.pairing, self.gap, self.since = PairedTrials(adapter), None, False, WEIGHTS_GAP_MIN, 0
+        winner = self.trials.winner()
+        if self.pairing and winner is not None:  # the trial that just ended decided: did it confirm?
+            self.gap = min(2 * self.gap, WEIGHTS_GAP_MAX) if winner == self.preferred else WEIGHTS_GAP_MIN
+            self.preferred, self.since = winner, 0
+        self.pairing = winner is None or self.since >= self.gap
+        if self.pairing:
+            if winner is not None:
+                self.trials.keep(TRIAL_KEEP)
+            self.since = 0
+            return self.preferred or adapter
+        self.since += 1
+        return self.preferred
 
     def _pick(self, values: dict[str, float | None], adapter: str) -> str:
         base_value, adapter_value = values.get(BASE_WEIGHTS), values.get(adapter)
@@ -372,6 +458,18 @@ class WeightsChoice:
         if (isinstance(saved, list) and len(saved) == 2 and all(isinstance(x, int) for x in saved)
                 and WEIGHTS_GAP_MIN <= saved[0] <= WEIGHTS_GAP_MAX and saved[1] >= 0):
             self.gap, self.since = saved
+
+    def trials_state(self) -> dict | None:
+        if self.trials is None:
+            return None
+        return {**self.trials.state(), "preferred": self.preferred}
+
+    def restore_trials(self, saved: object) -> None:
+        """The paired trials of a saved state; anything malformed leaves none (the next request is a trial)."""
+        trials = PairedTrials.from_state(saved)
+        preferred = saved.get("preferred") if isinstance(saved, dict) else None
+        if trials is not None and (preferred is None or preferred in (trials.adapter, BASE_WEIGHTS)):
+            self.trials, self.preferred = trials, preferred
 
 
 class SourcePolicy(Protocol):
@@ -597,6 +695,7 @@ class CostPolicy:
                 "weights": self.weights, "machine": self.machine,
                 "shelf": {key: ev.state() for key, ev in self.shelf.items()},
                 "weights_choice": self.weights_choice.state(),
+                "weights_trials": self.weights_choice.trials_state(),
                 "lookup_budget": self.explorations[True].state(), "drafter_budget": self.explorations[False].state(),
                 "deepening_budget": self.deepening.state()}
 
@@ -622,6 +721,7 @@ class CostPolicy:
         self._take(running)
         self.shelf = self._restore_shelf(state.get("shelf"), same_machine)
         self.weights_choice.restore(state.get("weights_choice"))
+        self.weights_choice.restore_trials(state.get("weights_trials"))
         self.explorations[True].restore(state.get("lookup_budget"))
         self.explorations[False].restore(state.get("drafter_budget"))
         self.deepening.restore(state.get("deepening_budget"))
@@ -681,8 +781,20 @@ class CostPolicy:
         adapter = self.switch.adapter_weights if self.switch is not None else None
         if adapter is not None and self.measured:
             keys = (adapter, BASE_WEIGHTS)
-            self.switch.run(self.weights_choice.pick({k: self.weights_value(k) for k in keys}, adapter))
+            self.switch.run(self.weights_choice.pick({k: self.weights_value(k) for k in keys}, adapter,
+                                                     alternates=getattr(self.switch, "alternates", False)))
+        else:
+            self.weights_choice.pairing = False
         self._requests += 1
+
+    def _pair(self, step: StepResult) -> None:
+        """In a paired trial: the model drafter's step counts for the weights that drafted it (its
+        drafting, not its catch-up read, and its verify), and the other weights draft next."""
+        trials, adapter = self.weights_choice.trials, self.switch.adapter_weights
+        if trials is None or trials.adapter != adapter:
+            return
+        trials.add(self.weights, step.kept + 1, step.draft_s - step.times.catch_up_s + step.verify_s)
+        self.switch.run(BASE_WEIGHTS if self.weights == adapter else adapter)
 
     def _restore_shelf(self, saved: object, same_machine: bool) -> dict[str, DrafterEvidence]:
         """The shelved weights' evidence of a saved state; what is malformed is left out, and costs
@@ -910,6 +1022,8 @@ class CostPolicy:
         probs = self._stop.probs if self._stop is not None and not step.free else []
         for i, q in enumerate(probs[: step.kept + 1]):  # conditional on the ones before being kept
             self.calibration.update(q, i < step.kept)
+        if self.weights_choice.pairing and not step.free and not reads_prompt and self.switch is not None:
+            self._pair(step)
 
 
     def _observe_draft_cost(self, step: StepResult) -> None:
