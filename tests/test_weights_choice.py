@@ -289,6 +289,13 @@ def test_paired_trials_are_kept_with_the_policy_and_a_damaged_record_starts_them
     again.keep_at(tmp_path / "pair.json")
     assert again.weights_choice.trials == b.weights_choice.trials and again.weights_choice.preferred == V1
     state = json.loads((tmp_path / "pair.json").read_text())
+    state["weights_trials"]["preferred"] = None  # saved before a trial's verdict was read
+    (tmp_path / "pair.json").write_text(json.dumps(state))
+    unread, switch = policy_with()
+    switch.__class__ = AlternatingSwitch
+    unread.keep_at(tmp_path / "pair.json")
+    unread.prepare()  # the kept tally decides at once
+    assert switch.running == V1 and not unread.weights_choice.pairing and unread.weights_choice.preferred == V1
     state["weights_trials"]["tally"][V1] = [1.0, -2.0, 3.0]
     (tmp_path / "pair.json").write_text(json.dumps(state))
     damaged = CostPolicy()

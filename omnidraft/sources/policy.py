@@ -369,7 +369,7 @@ class PairedTrials:
             adapter = saved["adapter"]
         except (KeyError, TypeError, ValueError, AttributeError):
             return None
-        if not isinstance(adapter, str) or len(tally) > 2 or any(
+        if not isinstance(adapter, str) or any(w not in (adapter, BASE_WEIGHTS) for w in tally) or any(
                 len(e) != 3 or not all(math.isfinite(x) and x >= 0 for x in e) for e in tally.values()):
             return None
         return cls(adapter, tally)
@@ -420,14 +420,16 @@ class WeightsChoice:
 
     def _pick_paired(self, adapter: str) -> str:
         if self.trials is None or self.trials.adapter != adapter:  # a new version: compared afresh
-            self.trials, self.preferred, self.pairing, self.gap, self.since = PairedTrials(adapter), None, False, WEIGHTS_GAP_MIN, 0
+            self.trials, self.preferred, self.pairing = PairedTrials(adapter), None, False
+            self.gap, self.since = WEIGHTS_GAP_MIN, 0
         winner = self.trials.winner()
-        if self.pairing and winner is not None:  # the trial that just ended decided: did it confirm?
-            self.gap = min(2 * self.gap, WEIGHTS_GAP_MAX) if winner == self.preferred else WEIGHTS_GAP_MIN
+        if winner is not None and (self.pairing or self.preferred is None):  # a trial's verdict
+            if self.pairing:  # did it confirm the weights it was run against?
+                self.gap = min(2 * self.gap, WEIGHTS_GAP_MAX) if winner == self.preferred else WEIGHTS_GAP_MIN
             self.preferred, self.since = winner, 0
-        self.pairing = winner is None or self.since >= self.gap
-        if self.pairing:
-            if winner is not None:
+        self.pairing = self.preferred is None or self.since >= self.gap
+        if self.pairing:  # a trial, until one decides, then once per gap
+            if self.preferred is not None:
                 self.trials.keep(TRIAL_KEEP)
             self.since = 0
             return self.preferred or adapter
