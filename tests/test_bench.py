@@ -193,6 +193,17 @@ def test_the_report_names_what_ran_the_drafter():
     assert "torch drafter" in meta_line(dict(meta, drafter_backend="auto"))
 
 
+def test_the_policy_lines_say_which_weights_ran_and_what_the_paired_trials_found():
+    from omnidraft.bench.report import policy_lines
+
+    plain = {"verify_ms_by_proposals": {0: 88.0, 4: 100.0}, "draft_ms_per_token": 7.5, "budget_choices": {0: 3, 4: 9}}
+    assert policy_lines({"greedy-base": plain}).strip().endswith("drafting skipped in 3 of 12 steps")
+    chosen = dict(plain, weights_requests={"adapter": 5, "base": 0, "paired": 2},
+                  weights_trials="paired trials: the adapter drafts at 1.08x the base weights' tokens/s")
+    line = policy_lines({"greedy": chosen})
+    assert "requests by weights: adapter 5, base 0, paired 2" in line and "1.08x the base weights'" in line
+
+
 def test_the_onnx_modes_use_the_homes_export_beside_a_backend_that_is_no_export(tmp_path):
     """`bench --drafter-backend native --modes greedy,greedy-onnx` compares the native drafter with the
     export: the -onnx modes must look up the home's export (it used to pass "native" on, get None

@@ -258,6 +258,9 @@ def test_paired_trials_pick_the_adapter_that_is_better_on_every_text_where_whole
     trials = [i for i, w in enumerate(ran) if w == "paired"]
     assert all(b2 - a2 >= b1 - a1 for (a1, b1), (a2, b2) in zip(zip(trials, trials[1:]), zip(trials[1:], trials[2:])))
     assert b.weights_choice.picks == {"adapter": ran.count(V1), "base": 0, "paired": len(trials)}
+    ratio = b.weights_choice.trials.ratio()
+    assert ratio > 1.1 and f"{ratio:.2f}x" in b.weights_choice.summary() and "the adapter runs" in b.weights_choice.summary()
+    assert WeightsChoice().summary() is None
 
 
 def test_paired_trials_follow_the_base_weights_where_the_adapter_stops_paying():

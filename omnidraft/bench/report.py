@@ -55,8 +55,11 @@ def policy_lines(policy: dict[str, dict]) -> str:
         costs = ", ".join(f"{k}: {v:.0f}" for k, v in p["verify_ms_by_proposals"].items())
         plain = p["budget_choices"].get(0, 0)
         total = sum(p["budget_choices"].values())
+        weights = p.get("weights_requests")
+        chosen = (f"; requests by weights: {', '.join(f'{k} {v}' for k, v in weights.items())}" if weights else "")
+        trials = f"; {p['weights_trials']}" if p.get("weights_trials") else ""
         lines.append(f"- `{mode}`: verify ms by proposals {{{costs}}}, drafter {p['draft_ms_per_token']:.1f} ms/token; "
-                     f"drafting skipped in {plain} of {total} steps")
+                     f"drafting skipped in {plain} of {total} steps{chosen}{trials}")
     return "\n".join(lines) + ("\n" if lines else "")
 
 

@@ -455,6 +455,10 @@ class ChatSession:
         if slot is None:
             return "none (no drafter)"
         used = slot.description
+        policy = getattr(getattr(self.pipe, "decoder", None), "cost_policy", None)
+        trials = policy.weights_choice.summary() if policy is not None else None
+        if trials:
+            used = f"{used}; {trials}"
         if self.learner is not None:
             state = "training between turns" if self.learner.trainer.alive else "trainer stopped"
             return f"{used} · {state} → {slot.folder}"

@@ -358,6 +358,13 @@ class PairedTrials:
             return None
         return max(self.tally, key=lambda w: self.tally[w][0] / self.tally[w][1])
 
+    def ratio(self) -> float | None:
+        """The adapter's tokens per second over the base weights' in the tally (None: one has none)."""
+        a, b = self.tally.get(self.adapter), self.tally.get(BASE_WEIGHTS)
+        if a is None or b is None or min(a[0], a[1], b[0], b[1]) <= 0:
+            return None
+        return (a[0] / a[1]) / (b[0] / b[1])
+
     def state(self) -> dict:
         return {"adapter": self.adapter, "tally": {w: list(e) for w, e in self.tally.items()}}
 
@@ -460,6 +467,17 @@ class WeightsChoice:
         if (isinstance(saved, list) and len(saved) == 2 and all(isinstance(x, int) for x in saved)
                 and WEIGHTS_GAP_MIN <= saved[0] <= WEIGHTS_GAP_MAX and saved[1] >= 0):
             self.gap, self.since = saved
+
+    def summary(self) -> str | None:
+        """What the paired trials found, for /stats and the bench (None: no trial has drafted both)."""
+        ratio = self.trials.ratio() if self.trials is not None else None
+        if ratio is None:
+            return None
+        drafts = "/".join(f"{self.trials.tally[w][2]:.0f}" for w in (self.trials.adapter, BASE_WEIGHTS))
+        verdict = {None: "no verdict yet", self.trials.adapter: "the adapter runs"}.get(self.preferred,
+                                                                                     "the base weights run")
+        return (f"paired trials: the adapter drafts at {ratio:.2f}x the base weights' tokens/s "
+                f"({drafts} drafts kept in the tally); {verdict}")
 
     def trials_state(self) -> dict | None:
         if self.trials is None:
