@@ -104,6 +104,17 @@ def test_the_int8_graph_takes_adapters_too(drafter, exports):
     moved = np.abs(adapted - base).max()
     assert moved > 0.05 and np.abs(adapted - reference).max() < moved  # it moved, and towards fp32 + adapter
     assert int(adapted.argmax()) == int(reference.argmax())
+    assert int8.cheap_adapter_switch  # the weights choice alternates: back and forth costs no conversion
+    feeds = int8.ort._lora
+    int8.apply_adapter(None, keep_cache=True)
+    int8.reset()
+    assert np.array_equal(int8.logits_for(ids).numpy(), base)
+    int8.apply_adapter(state, 2.0, keep_cache=True)
+    assert all(int8.ort._lora[k] is v for k, v in feeds.items())  # the same inputs, not made again
+    int8.reset()
+    assert np.array_equal(int8.logits_for(ids).numpy(), adapted)
+    int8.apply_adapter(state, 1.0)  # another scaling: other inputs
+    assert not np.array_equal(int8.logits_for(ids).numpy(), adapted)
 
 
 @pytest.mark.real

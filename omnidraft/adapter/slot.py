@@ -56,7 +56,7 @@ class AdapterSlot(DecodeObserver):
     @property
     def alternates(self) -> bool:
         """Whether a switch between the adapter and the base weights is a swap (``WeightsSwitch``): the
-        backend sets the adapter aside instead of converting it again (the native drafter)."""
+        backend sets the adapter aside instead of converting it again (the native and ONNX drafters)."""
         return bool(getattr(self.drafter.lm, "cheap_adapter_switch", False))
 
     @property

@@ -121,6 +121,15 @@ class OnnxDraftLM:
         self.vocab_size, self.hidden_size = self.ort.vocab_size, self.ort.hidden_size
         self.max_positions = self.ort.max_positions
         self.manifest = self.ort.manifest
+        # the graph inputs made for the last adapter state (the object, as the adapter slot holds it) and
+        # scaling: a switch back to it from the base weights feeds them again, converting nothing
+        self._feeds: tuple[dict, float, dict[str, np.ndarray]] | None = None
+
+    @property
+    def cheap_adapter_switch(self) -> bool:
+        """A switch between one adapter and the base weights is a change of graph inputs (the weights
+        choice may alternate them draft by draft); an export with an adapter merged in has no other."""
+        return not self.merged_adapter
 
     @property
     def merged_adapter(self) -> str | None:
@@ -166,6 +175,9 @@ class OnnxDraftLM:
         if state is None:
             self.ort.set_lora(None, keep_cache)
             return
+        if self._feeds is not None and self._feeds[0] is state and self._feeds[1] == scaling:
+            self.ort.set_lora(self._feeds[2], keep_cache)
+            return
         from omnidraft.adapter.merge import lora_pairs
 
         feeds = {}
@@ -176,3 +188,4 @@ class OnnxDraftLM:
             feeds[f"{module}.lora_A.weight"] = a.float().t().contiguous().numpy()  # the graph takes Aᵀ and Bᵀ
             feeds[f"{module}.lora_B.weight"] = (b.float() * scaling).t().contiguous().numpy()
         self.ort.set_lora(feeds, keep_cache)  # modules the adapter leaves out keep their empty (rank-0) defaults
+        self._feeds = (state, scaling, feeds)

@@ -396,7 +396,7 @@ class WeightsChoice:
     weights' per-position acceptance and d. An adapter version never drafted with yet (the trainer's
     news) runs first; the base weights, once, next.
 
-    Where a switch is a swap (``WeightsSwitch.alternates``: the native drafter), whole requests are not
+    Where a switch is a swap (``WeightsSwitch.alternates``: the native and ONNX drafters), whole requests are not
     compared: a trial request alternates the two weights draft by draft (:class:`PairedTrials`), the
     first request of each adapter version is one, and the winner runs until the next trial, one per
     gap as above.
