@@ -191,17 +191,22 @@ def test_a_misfit_adapter_is_refused_and_a_fork_carries_the_adapter(native, peft
         lm.apply_adapter(None)
 
 
-@pytest.mark.real
-def test_switching_to_the_base_weights_and_back_is_a_swap_that_gives_the_same_logits(native, peft_drafter):
-    """The weights choice alternates an adapter and the base weights draft by draft: the way back to
-    the adapter set aside must give its logits bit for bit, and another adapter replaces it."""
+def _base_and_adapted(native, peft_drafter):
+    """(lm, state, scaling, ids, base logits, adapted logits): the native drafter left on the adapter."""
     lm, tok = native
     _, state, scaling = peft_drafter
     ids = list(tok.encode(TEXT))[:30]
     lm.apply_adapter(None)
     base = lm.logits_for(ids).clone()
     lm.apply_adapter(state, scaling)
-    adapted = lm.logits_for(ids).clone()
+    return lm, state, scaling, ids, base, lm.logits_for(ids).clone()
+
+
+@pytest.mark.real
+def test_switching_to_the_base_weights_and_back_is_a_swap_that_gives_the_same_logits(native, peft_drafter):
+    """The weights choice alternates an adapter and the base weights draft by draft: the way back to
+    the adapter set aside must give its logits bit for bit, and another adapter replaces it."""
+    lm, state, scaling, ids, base, adapted = _base_and_adapted(native, peft_drafter)
     assert not torch.equal(base, adapted)
     assert lm.cheap_adapter_switch
     try:
@@ -284,13 +289,7 @@ def test_the_bench_base_drafter_drops_the_adapter_and_leaves_the_original_adapte
     from omnidraft.bench.runner import without_adapter
     from omnidraft.drafter import Drafter
 
-    lm, tok = native
-    _, state, scaling = peft_drafter
-    ids = list(tok.encode(TEXT))[:30]
-    lm.apply_adapter(None)
-    base = lm.logits_for(ids).clone()
-    lm.apply_adapter(state, scaling)
-    adapted = lm.logits_for(ids).clone()
+    lm, state, scaling, ids, base, adapted = _base_and_adapted(native, peft_drafter)
     try:
         drafter = Drafter(lm, stop_ids=[0])
         drafter.head = object()  # an adapter's acceptance head: not the base mode's
