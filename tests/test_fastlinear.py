@@ -239,8 +239,8 @@ def test_prepare_times_every_row_class_once_so_forwards_time_nothing(tmp_path, m
     assert len(json.loads((tmp_path / "kernels.json").read_text())["choices"]) == 10
     assert fastlinear.prepare(model, rows) == 0
     monkeypatch.setattr(fastlinear, "_time_candidates", lambda *a: pytest.fail("timed during a forward"))
-    with fastlinear.enabled():
-        for r in (1, 2, 3, 17, 25, 33, 64):  # 17..64: the prompt classes 20 and 40 stood for
+    with fastlinear.enabled(), torch.inference_mode():  # as the engine runs them (the transposed copies
+        for r in (1, 2, 3, 17, 25, 33, 64):  # are inference tensors); 17..64: the prompt classes 20 and 40 stood for
             model(torch.randn(1, r, 16))
 
 
