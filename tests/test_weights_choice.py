@@ -308,8 +308,11 @@ def test_paired_trials_are_kept_with_the_policy_and_a_damaged_record_starts_them
 
 def test_a_paired_trial_switches_the_weights_between_drafts_and_keeps_the_targets_output(tmp_path):
     """On a drafter whose switch is a swap, a trial request alternates the adapter and the base
-    weights after every draft, keeping the drafter's cache; every request's output is the target's."""
+    weights after every draft, keeping the drafter's cache; each draft stops by the head of the
+    weights drafting it (the adapter's head, none for the base weights); every request's output is
+    the target's."""
     from omnidraft.adapter import store
+    from omnidraft.adapter.head import AcceptHead
     from omnidraft.adapter.slot import AdapterSlot
     from omnidraft.train.publish import save as publish
 
@@ -319,10 +322,19 @@ def test_a_paired_trial_switches_the_weights_between_drafts_and_keeps_the_target
     d_model, target, bridge = tiny_pair()
     drafter = make_drafter(d_model, bridge, target)
     drafter.lm.cheap_adapter_switch = True  # a merge on torch: correct, only dearer than the native swap
-    path = publish(tmp_path / "pair", _peft(), {"identity": vars(IDENTITY)})
+    path = publish(tmp_path / "pair", _peft(), {"identity": vars(IDENTITY)},
+                   head_state=AcceptHead(drafter.lm.hidden_size).state_dict())
     slot = AdapterSlot(drafter, IDENTITY, tmp_path / "pair")
     slot.use(store.load(path, IDENTITY))
-    assert slot.alternates
+    assert slot.alternates and slot._head is not None
+    head_calls = []
+    estimate = slot._head.accept_prob
+
+    def adapter_head(hidden, logits):  # the adapter's head, read only while the adapter drafts
+        head_calls.append(slot.weights)
+        return estimate(hidden, logits)
+
+    slot._head.accept_prob = adapter_head
     decoder = SpeculativeDecoder(target, drafter, bridge)
     policy = decoder.cost_policy
     told: list[str] = []
@@ -340,6 +352,7 @@ def test_a_paired_trial_switches_the_weights_between_drafts_and_keeps_the_target
     drafts = {w: e[2] for w, e in trials.tally.items()}
     assert set(drafts) == {str(path), BASE_WEIGHTS} and sum(drafts.values()) >= 4, drafts
     assert told.count(BASE_WEIGHTS) >= 2 and abs(drafts[str(path)] - drafts[BASE_WEIGHTS]) <= 2  # in turn
+    assert head_calls and set(head_calls) == {str(path)}
 
 
 def test_without_an_adapter_nothing_is_switched():

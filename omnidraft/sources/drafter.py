@@ -296,6 +296,8 @@ class ModelDraft:
         head = self.drafter.head if config.use_head else None
         stop = policy.stop_rule(config.draft_len, head) or stop_rule(
             config.draft_stop, head, config.draft_confidence, config.stop_gamma)
+        if config.use_head and hasattr(stop, "head_of"):  # the cost policy may switch weights within the request
+            stop.head_of = lambda: self.drafter.head
         draft_policy = translator.draft_policy(sampler, stop, self.drafter.lm.vocab_size)
         # token trees: greedy, a translator that can branch, and an engine that reads trees or a server that
         # takes forks of a streamed draft (the device deepens them in its idle time: ``deepen``)

@@ -1063,6 +1063,9 @@ class CostAwareStop:
 
     def __init__(self, policy: CostPolicy, k_max: int, head: AcceptHead | None = None) -> None:
         self.policy, self.k_max, self.head = policy, k_max, head
+        # the head of the weights drafting now, where a request may switch weights between drafts (a
+        # paired trial): set by the drafter source when the request uses heads; else ``head`` throughout
+        self.head_of: Callable[[], AcceptHead | None] | None = None
         self.probs: list[float] = []  # q(token) of each drafted token, for the calibration
         self.deepened = 0  # the drafter position this draft explores past its stop (0: none; CostPolicy.deepen)
 
@@ -1074,7 +1077,8 @@ class CostAwareStop:
     def stop_after(self, token, masked, q, hidden, logits) -> bool:
         prob = float(q[token]) if q is not None else float(torch.softmax(masked, -1)[token])
         self.probs.append(prob)
-        estimate = self.head.accept_prob(hidden, logits) if self.head is not None else self.policy.calibration(prob)
+        head = self.head_of() if self.head_of is not None else self.head
+        estimate = head.accept_prob(hidden, logits) if head is not None else self.policy.calibration(prob)
         self._seq.push(min(max(estimate, 0.0), 1.0))
         if self._seq.should_continue(a_next=self.policy.stats.rate(self._seq.i + 1)):
             return False
