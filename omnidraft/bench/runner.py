@@ -524,8 +524,9 @@ def policy_report(mode_fns: dict[str, ModeFn]) -> dict[str, dict]:
                          "budget_choices": dict(sorted(policy.choices.items()))}
             if policy.switch is not None:  # the requests each weights drafted (the weights choice)
                 out[mode]["weights_requests"] = dict(policy.weights_choice.picks)
-                if policy.weights_choice.summary():
-                    out[mode]["weights_trials"] = policy.weights_choice.summary()
+                trials = policy.weights_choice.summary()
+                if trials:
+                    out[mode]["weights_trials"] = trials
     return out
 
 
