@@ -182,12 +182,11 @@ class NativeDraftLM:
         self._cache = kernels.qdraft().Cache(weights.model)
         self._ids: list[int] = []
         self._hidden = torch.zeros(self.hidden_size)
-        self._adapter: tuple[dict[str, torch.Tensor], float] | None = None  # the live LoRA pairs, scaling
-        # ``apply_adapter(None)`` sets the live adapter aside rather than dropping it, so that a switch back
-        # to the same state (the object, as the adapter slot holds it) costs a swap, not a conversion
-        self._state: dict[str, torch.Tensor] | None = None
-        self._stashed: tuple[dict[str, torch.Tensor], float] | None = None
-        self._stashed_state: dict[str, torch.Tensor] | None = None
+        # the live adapter: (its state, as the caller holds it; its LoRA pairs; scaling). ``apply_adapter(None)``
+        # sets it aside (``_stashed``) rather than dropping it, so a switch back to the same state object costs
+        # a swap, not a conversion
+        self._adapter: tuple[dict[str, torch.Tensor], dict, float] | None = None
+        self._stashed: tuple[dict[str, torch.Tensor], dict, float] | None = None
 
     @property
     def cached_ids(self) -> list[int]:
@@ -238,8 +237,8 @@ class NativeDraftLM:
         """Another drafter over the same weights with a KV cache of its own, and this one's adapter."""
         fork = NativeDraftLM(self.weights, self.n_threads)
         if self._adapter is not None:
-            fork._use(*self._adapter)
-            fork._adapter, fork._state = self._adapter, self._state
+            fork._use(*self._adapter[1:])
+            fork._adapter = self._adapter
         return fork
 
     def apply_adapter(self, state: dict[str, torch.Tensor] | None, scaling: float = 1.0, keep_cache: bool = False) -> None:
@@ -248,26 +247,25 @@ class NativeDraftLM:
         if state is None:
             if self._adapter is not None and self._stashed is None:  # set aside: the way back is a swap
                 self._cache.swap_lora()
-                self._stashed, self._stashed_state = self._adapter, self._state
+                self._stashed = self._adapter
             else:
                 self._use({}, 0.0)
-            self._adapter = self._state = None
-        elif self._adapter is None and self._stashed is not None and state is self._stashed_state \
-                and self._stashed[1] == float(scaling):  # the adapter set aside: swapped back in
+            self._adapter = None
+        elif self._adapter is None and self._stashed is not None and state is self._stashed[0] \
+                and self._stashed[2] == float(scaling):  # the adapter set aside: swapped back in
             self._cache.swap_lora()
-            self._adapter, self._state = self._stashed, state
-            self._stashed = self._stashed_state = None
+            self._adapter, self._stashed = self._stashed, None
         else:
             pairs = self._pairs(state)
             self._use(pairs, float(scaling))
-            self._adapter, self._state = (pairs, float(scaling)), state
+            self._adapter = (state, pairs, float(scaling))
         if not keep_cache:
             self.reset()  # the cached keys were computed under the old weights
 
     def _use(self, pairs: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]], scaling: float) -> None:
         self._cache.clear_lora()
         self._cache.clear_stash()  # any adapter set aside is replaced (only the newest version runs again)
-        self._stashed = self._stashed_state = None
+        self._stashed = None
         for (layer, slot), (a, b) in pairs.items():
             self._cache.set_lora(layer, slot, a, b, scaling)
 
