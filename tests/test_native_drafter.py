@@ -2,13 +2,16 @@
 
 It follows the fp32 torch drafter (the same Q4_1 weights, dequantized there) on nearly every top-1
 token and within a small distance on every logit; reading a context in one call gives the bits of
-reading it token by token; it takes the trainer's LoRA adapters with the logits torch + peft gives;
+reading it token by token (a long read, in float32 or on AMX tiles, comes within a small distance of
+them); it takes the trainer's LoRA adapters with the logits torch + peft gives;
 and greedy speculative decoding with it keeps the target's own output.
 """
 
 from __future__ import annotations
 
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -43,23 +46,78 @@ def native():
     return NativeDraftLM(load_native_model(models.gguf_of(DRAFTER, TEST_HOME, progress=False))), tok
 
 
+@contextmanager
+def integer_reads() -> Iterator[None]:
+    """Every read on the integer products (a long read otherwise takes float32 or AMX products)."""
+    ext = kernels.qdraft()
+    before = ext.long_read_rows(0)
+    try:
+        yield
+    finally:
+        ext.long_read_rows(before)
+
+
 @pytest.mark.real
 def test_reading_in_one_call_gives_the_bits_of_reading_token_by_token(native):
     lm, tok = native
     ids = list(tok.encode(TEXT))
     lm.apply_adapter(None)
-    read = lm.logits_for(ids[:30]).clone()
-    hidden = lm.last_hidden.clone()
-    lm.reset()
-    lm.logits_for(ids[:1])
-    for t in ids[1:30]:
-        stepped = lm.step(t)
-    assert torch.equal(stepped, read) and torch.equal(lm.last_hidden, hidden)
-    again = lm.logits_for(ids[:12] + [ids[40]] + ids[13:30])  # a rollback to the common prefix, then a new branch
-    assert lm.cached_ids == ids[:12] + [ids[40]] + ids[13:30] and not torch.equal(again, read)
-    assert torch.equal(lm.logits_for(ids[:30]), read)
+    with integer_reads():
+        read = lm.logits_for(ids[:30]).clone()
+        hidden = lm.last_hidden.clone()
+        lm.reset()
+        lm.logits_for(ids[:1])
+        for t in ids[1:30]:
+            stepped = lm.step(t)
+        assert torch.equal(stepped, read) and torch.equal(lm.last_hidden, hidden)
+        again = lm.logits_for(ids[:12] + [ids[40]] + ids[13:30])  # a rollback to the common prefix, then a new branch
+        assert lm.cached_ids == ids[:12] + [ids[40]] + ids[13:30] and not torch.equal(again, read)
+        assert torch.equal(lm.logits_for(ids[:30]), read)
     assert read.shape == (lm.vocab_size,) and hidden.shape == (lm.hidden_size,) and hidden.abs().sum() > 0
 
+
+@pytest.mark.real
+def test_a_long_read_comes_within_a_small_distance_of_the_integer_products(native):
+    """A read of many rows (a prompt) takes float32 products on dequantized weight tiles, and AMX tiles
+    where the CPU has them: 2-3x faster than the integer products, which suit one row. Not their bits,
+    but the same top token at the read and at every step after it, every logit within 0.1; and each
+    path gives the same bits whatever the threads and however the rows are split into calls."""
+    lm, tok = native
+    ext = kernels.qdraft()
+    ids = (list(tok.encode(TEXT)) * 4)[:120]
+    lm.apply_adapter(None)
+
+    def read_then_steps(pieces: list[int]) -> list[torch.Tensor]:  # 8 steps on the same tokens after the read
+        lm.reset()
+        start = 0
+        for end in pieces:
+            out = [lm.logits_for(ids[:end]).clone()]
+            start = end
+        assert start == len(ids) - 8
+        return out + [lm.step(t).clone() for t in ids[start:]]
+
+    with integer_reads():
+        reference = read_then_steps([112])
+    paths = {"float32": False, **({"amx": True} if ext.use_amx(True) else {})}
+    results = {}
+    try:
+        for name, amx in paths.items():
+            assert ext.use_amx(amx) == amx
+            results[name] = got = read_then_steps([112])
+            assert not torch.equal(got[0], reference[0]), f"the {name} read took the integer products"
+            for a, b in zip(got, reference):
+                assert int(a.argmax()) == int(b.argmax()) and float((a - b).abs().max()) < 0.1, name
+            assert all(torch.equal(a, b) for a, b in zip(read_then_steps([64, 112]), got)), name  # two calls
+            threads, lm.n_threads = lm.n_threads, 1
+            try:
+                assert all(torch.equal(a, b) for a, b in zip(read_then_steps([112]), got)), name
+            finally:
+                lm.n_threads = threads
+    finally:
+        ext.use_amx(True)
+    if "amx" in results:  # the tiles' three bfloat16 products follow float32, not one bfloat16 product
+        assert not torch.equal(results["amx"][0], results["float32"][0])
+        assert float((results["amx"][0] - results["float32"][0]).abs().max()) < 0.05
 
 
 @pytest.mark.real
@@ -78,9 +136,10 @@ def test_the_vnni_products_give_the_bits_of_the_avx2_ones(native):
         return [lm.logits_for(ids[:37]).clone(), lm.logits_for(ids).clone()]
 
     try:
-        vnni = logits()
-        assert not ext.use_vnni(False)
-        avx2 = logits()
+        with integer_reads():
+            vnni = logits()
+            assert not ext.use_vnni(False)
+            avx2 = logits()
     finally:
         ext.use_vnni(True)
     assert all(torch.equal(a, b) for a, b in zip(vnni, avx2)) and vnni[0].abs().sum() > 0
@@ -93,14 +152,15 @@ def test_a_context_read_in_pieces_leaves_what_one_read_leaves(native):
     lm, tok = native
     ids = (list(tok.encode(TEXT)) * 8)[:200]
     lm.apply_adapter(None)
-    whole = lm.logits_for(ids).clone()
-    lm.reset()
-    drafter, left = Drafter(lm), []
-    while n := drafter.read(ids, 2, 64):
-        left.append(n)
-        assert lm.cached_ids == ids[: len(ids) - n]  # each piece read on from the common prefix
-    assert left == [136, 72, 8]  # the last 8 are left to the draft's own read
-    assert torch.equal(lm.logits_for(ids), whole) and lm.cached_ids == ids
+    with integer_reads():  # the same products in the pieces as in the one read
+        whole = lm.logits_for(ids).clone()
+        lm.reset()
+        drafter, left = Drafter(lm), []
+        while n := drafter.read(ids, 2, 64):
+            left.append(n)
+            assert lm.cached_ids == ids[: len(ids) - n]  # each piece read on from the common prefix
+        assert left == [136, 72, 8]  # the last 8 are left to the draft's own read
+        assert torch.equal(lm.logits_for(ids), whole) and lm.cached_ids == ids
 
 
 @pytest.mark.real
@@ -186,6 +246,7 @@ def test_a_misfit_adapter_is_refused_and_a_fork_carries_the_adapter(native, peft
         assert torch.equal(other.logits_for(ids[:30]), adapted)  # same weights, same adapter
         assert lm.cached_ids == ids[:10] and other.cached_ids == ids[:30]  # caches of their own
         lm.apply_adapter(None)
+        other.reset()  # read again as `adapted` was read: one call of 30 rows
         assert torch.equal(other.logits_for(ids[:30]), adapted)  # an adapter is per instance
     finally:
         lm.apply_adapter(None)

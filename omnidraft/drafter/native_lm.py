@@ -29,7 +29,7 @@ from omnidraft.kv import common_prefix_len
 
 SUPPORTED_TYPES = {"Q4_1": 3, "Q8_0": 8}  # name -> ggml type id, what qdraft.cpp reads
 SLOTS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")  # qdraft.cpp's order
-READ_CHUNK = 64  # rows per forward when reading a long context (bounds the scratch memory)
+READ_CHUNK = 256  # rows per forward when reading a long context (bounds the scratch memory)
 
 
 class NativeUnsupported(RuntimeError):

@@ -17,6 +17,11 @@
 // each row is laid out with its block scales first (Model::repack), so a row is read front to back and
 // its scales are taken 8 blocks per instruction; the weights are requested from memory ahead of use.
 //
+// A read of many rows (a prompt, a long catch-up) is bound by arithmetic rather than by the weights' bytes, and
+// there the integer products cost more per multiply-add than float32 does: such reads take their products in
+// float32 on weight tiles dequantized once per read (qdraft_gemm.h), or on AMX tiles as three bfloat16 products
+// (qdraft_amx.h). Within ~1e-2 of the integer products' logits, not their bits (`long_read_rows`, `use_amx`).
+//
 // One OpenMP parallel region per forward: the threads share each Linear's output rows (omp for) and
 // meet at barriers between the steps that depend on each other; the cheap row-wise steps (norms,
 // rotary with its angles computed once per forward) run on one thread, quantizing and the MLP's
@@ -25,8 +30,11 @@
 // scale * B (A x) to a Linear, in the GGUF's row order (callers permute q/k rows as the converter does);
 // they are held as float16, B transposed, which halves the bytes a token reads for them.
 #include <torch/extension.h>
+#include <cpuid.h>
 #include <immintrin.h>
 #include <omp.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstring>
@@ -201,6 +209,97 @@ inline void dot_rows(const QLinear& w, int64_t o, const QRows& x, int64_t r0, fl
   } else {
     if (w.type == Q4_1) avx2::dot_rows_q41<M>(w, o, x, r0, y, ys); else avx2::dot_rows_q8<M>(w, o, x, r0, y, ys);
   }
+}
+
+// Weight row o as float32 (`Model::repack`'s layout): d q + m for Q4_1 (nibble j of a block's byte j is element j,
+// its high nibble element j + 16, as GGUF stores them), d q for Q8_0
+inline void dequantize_row(const QLinear& w, int64_t o, float* out) {
+  const int64_t nb = w.in / QK;
+  const uint16_t* dh = reinterpret_cast<const uint16_t*>(w.row(o));
+  if (w.type == Q4_1) {
+    const uint8_t* nib = reinterpret_cast<const uint8_t*>(dh + 2 * nb);
+    for (int64_t b = 0; b < nb; ++b) {
+      const __m256 d = _mm256_set1_ps(_cvtsh_ss(dh[b])), m = _mm256_set1_ps(_cvtsh_ss(dh[nb + b]));
+      const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(nib + b * 16));
+      const __m128i lo = _mm_and_si128(raw, _mm_set1_epi8(0x0F)), hi = _mm_and_si128(_mm_srli_epi16(raw, 4), _mm_set1_epi8(0x0F));
+      const __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
+      for (int j = 0; j < 4; ++j)
+        _mm256_storeu_ps(out + b * QK + 8 * j, _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(parts[j])), m));
+    }
+  } else {
+    const int8_t* qs = reinterpret_cast<const int8_t*>(dh + nb);
+    for (int64_t b = 0; b < nb; ++b) {
+      const __m256 d = _mm256_set1_ps(_cvtsh_ss(dh[b]));
+      for (int j = 0; j < 4; ++j) {
+        const __m128i q8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(qs + b * QK + 8 * j));
+        _mm256_storeu_ps(out + b * QK + 8 * j, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q8))));
+      }
+    }
+  }
+}
+
+namespace gemm256 {
+using VF = __m256;
+constexpr int LANES = 8, GR = 4, GC = 2;  // 8 accumulators, 4 activation vectors and a weight vector of 16 registers
+inline VF vzero() { return _mm256_setzero_ps(); }
+inline VF vload(const float* p) { return _mm256_loadu_ps(p); }
+inline VF vfma(VF a, VF b, VF c) { return _mm256_fmadd_ps(a, b, c); }
+inline float vhsum(VF v) { return hsum(v); }
+#include "qdraft_gemm.h"
+}  // namespace gemm256
+
+#pragma GCC push_options
+#pragma GCC target("avx512f")
+namespace gemm512 {
+using VF = __m512;
+constexpr int LANES = 16, GR = 4, GC = 4;  // 16 accumulators, 4 activation vectors and a weight vector of 32 registers
+inline VF vzero() { return _mm512_setzero_ps(); }
+inline VF vload(const float* p) { return _mm512_loadu_ps(p); }
+inline VF vfma(VF a, VF b, VF c) { return _mm512_fmadd_ps(a, b, c); }
+inline float vhsum(VF v) { return _mm512_reduce_add_ps(v); }
+#include "qdraft_gemm.h"
+}  // namespace gemm512
+#pragma GCC pop_options
+
+#if defined(__clang__) || __GNUC__ >= 11  // compilers that know AMX's intrinsics
+#define QDRAFT_AMX 1
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bf16,amx-tile,amx-bf16")
+#include "qdraft_amx.h"
+#pragma GCC pop_options
+#else
+#define QDRAFT_AMX 0
+constexpr int64_t AMX_ROWS = 16;
+inline void amx_pack_for(const float*, int64_t, int64_t, uint32_t*) {}
+inline void amx_gemm_for(const QLinear&, const uint32_t*, int64_t, float*, float*, uint16_t*) {}
+#endif
+
+// Whether the CPU has AMX tiles with bfloat16 products and AVX512-BF16, and the kernel lets this process use the
+// tiles' state (Linux asks each process to request it: arch_prctl ARCH_REQ_XCOMP_PERM for XTILEDATA)
+bool amx_usable() {
+  if (!QDRAFT_AMX) return false;
+  unsigned a, b, c, d;
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+  const bool tile = d & (1u << 24), tile_bf16 = d & (1u << 22);
+  if (!__get_cpuid_count(7, 1, &a, &b, &c, &d)) return false;
+  const bool avx512_bf16 = a & (1u << 5);
+  if (!(tile && tile_bf16 && avx512_bf16 && __builtin_cpu_supports("avx512f"))) return false;
+  return syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */) == 0;
+}
+
+bool avx512_on = __builtin_cpu_supports("avx512f");
+bool amx_on = amx_usable();  // a long read's products on AMX tiles (`use_amx`)
+// Reads of at least this many rows take their products in float32 (qdraft_gemm.h); 0: never (`long_read_rows`)
+int64_t long_rows = 16;
+// ... and of at least this many on AMX tiles, where usable: the split of every weight into two bfloat16 costs a
+// fixed time per read that fewer rows do not earn back (docs/performance.md has the read times by rows)
+constexpr int64_t AMX_MIN_ROWS = 32;
+
+// Whether a Linear's product in a read of `rows` rows goes the float32 way: a long read, whole tiles
+inline bool long_read(const QLinear& w, int64_t rows) { return long_rows > 0 && rows >= long_rows && w.out % OUT_TILE == 0; }
+
+inline void gemm_for(const QLinear& w, const float* x, int64_t rows, float* y, float* scratch) {
+  if (avx512_on) gemm512::gemm_for(w, x, rows, y, scratch); else gemm256::gemm_for(w, x, rows, y, scratch);
 }
 
 // y [rows, out] = x W^T, tiles of weight rows shared among the team (call inside a parallel region). Within a
@@ -604,6 +703,11 @@ struct Cache {
     t.assign(rows * std::max<int64_t>(max_rank, 1) * N_SLOTS, 0.f);
     const int64_t ts = rows * std::max<int64_t>(max_rank, 1);  // one slot's LoRA scratch
     float* hidden_out = hidden.data_ptr<float>();
+    const bool long_products = long_rows > 0 && rows >= long_rows;  // some products in float32: see long_read
+    std::vector<float> gemm_scratch(long_products ? teams * OUT_TILE * std::max(E, F) : 0);
+    const bool amx_long = long_products && amx_on && rows >= AMX_MIN_ROWS;
+    std::vector<uint32_t> amx_pack(amx_long ? (rows + AMX_ROWS - 1) / AMX_ROWS * AMX_ROWS * std::max(E, F) : 0);
+    std::vector<uint16_t> amx_split(amx_long ? teams * 2 * OUT_TILE * std::max(E, F) : 0);
     std::vector<float> rot_cos(rows * D / 2), rot_sin(rows * D / 2);  // the same angles in every layer
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t i = 0; i < D / 2; ++i) {
@@ -632,9 +736,13 @@ struct Cache {
     auto linears = [&](const Layer& L, const std::vector<Lora>& lo, std::initializer_list<int> slots,
                        std::initializer_list<float*> outs, const QRows& qin, const float* fin) {
       auto out = outs.begin();
-      bool any = false;
+      bool any = false, tiles = amx_long;  // the slots share their input: packed once for the tiles
+      for (int s : slots) tiles = tiles && long_read(L.w[s], rows);
+      if (tiles) amx_pack_for(fin, rows, L.w[*slots.begin()].in, amx_pack.data());
       for (int s : slots) {
-        linear_for(L.w[s], qin, *out++);
+        if (tiles) amx_gemm_for(L.w[s], amx_pack.data(), rows, *out++, gemm_scratch.data(), amx_split.data());
+        else if (long_read(L.w[s], rows)) gemm_for(L.w[s], fin, rows, *out++, gemm_scratch.data());
+        else linear_for(L.w[s], qin, *out++);
         if (lo[s].a.defined()) { lora_a_for(lo[s], fin, rows, L.w[s].in, t.data() + s * ts); any = true; }
       }
 #pragma omp barrier
@@ -734,4 +842,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     vnni_on = on && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl");
     return vnni_on;
   }, "the products on AVX512-VNNI where the CPU has it (the same bits either way); returns whether they are");
+  m.def("use_amx", [](bool on) {
+    static const bool usable = amx_usable();
+    amx_on = on && usable;
+    return amx_on;
+  }, "a long read's products on AMX tiles where the CPU has them; returns whether they are");
+  m.def("long_read_rows", [](int64_t rows) {
+    TORCH_CHECK(rows >= 0, "rows must be >= 0");
+    const int64_t before = long_rows;
+    long_rows = rows;
+    return before;
+  }, "reads of at least this many rows take their products in float32 (0: never); returns the earlier value");
 }
