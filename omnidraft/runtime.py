@@ -309,7 +309,7 @@ def load_pipeline(target_spec: str, drafter_spec: str | None, *, home=None, dtyp
     decoder = SpeculativeDecoder(target, drafter, bridge, ngrams, history=history)
     slot = AdapterSlot(drafter, identity, adapters.pair_dir(drafter_spec, target_spec, home))
     decoder.observers.append(slot)
-    decoder.cost_policy.keep_at(policy_path(drafter_spec, target_spec, engine, backend, home), cost_machine())
+    decoder.cost_policy.keep_at(policy_path(drafter_spec, target_spec, engine, backend, home), policy_machine(backend))
     slot.listeners.append(decoder.cost_policy.drafter_weights)
     decoder.cost_policy.switch = slot  # per request: the adapter, or the base weights where they draft faster
     use_adapter(slot, adapter, quiet)
@@ -367,6 +367,10 @@ def native_drafter(drafter_spec: str, home=None, quiet: bool = False):
         weights = _native_weights(gguf.resolve(), home)
     except NativeUnsupported as exc:
         raise OmnidraftError(f"--drafter-backend native: {exc}") from None
+    if not quiet:
+        from omnidraft.drafter import native_lm
+
+        notice(f"native drafter: long reads on {native_lm.chosen_long_reads()}")
     return NativeDraftLM(weights), models.load_tokenizer(drafter_spec, home, progress=not quiet)
 
 
@@ -504,6 +508,17 @@ def cost_machine() -> str:
     if kernels.linear_rows_512() is not None:
         native += f" + {kernels.build_dir('skinny512').name}"
     return f"{choice.cpu_model()}; torch {torch.__version__}; kernels {native}"
+
+
+def policy_machine(backend: str) -> str:
+    """What a pair's drafting costs depend on: :func:`cost_machine`, and for the native drafter its own
+    kernel's build (a rebuilt kernel steps and reads at other costs, which are measured again)."""
+    from omnidraft import kernels
+
+    machine = cost_machine()
+    if backend == "native" and kernels.qdraft() is not None:
+        machine += f"; drafter {kernels.build_dir('qdraft').name}"
+    return machine
 
 
 def policy_path(drafter_spec: str, target_spec: str, engine: str, drafter_dtype: str, home=None) -> Path:

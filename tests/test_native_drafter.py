@@ -98,9 +98,11 @@ def test_a_long_read_comes_within_a_small_distance_of_the_integer_products(nativ
 
     with integer_reads():
         reference = read_then_steps([112])
+    rows, amx_before = ext.long_reads()  # as the load's timing chose them
     paths = {"float32": False, **({"amx": True} if ext.use_amx(True) else {})}
     results = {}
     try:
+        ext.long_read_rows(16)
         for name, amx in paths.items():
             assert ext.use_amx(amx) == amx
             results[name] = got = read_then_steps([112])
@@ -114,7 +116,8 @@ def test_a_long_read_comes_within_a_small_distance_of_the_integer_products(nativ
             finally:
                 lm.n_threads = threads
     finally:
-        ext.use_amx(True)
+        ext.long_read_rows(rows)
+        ext.use_amx(amx_before)
     if "amx" in results:  # the tiles' three bfloat16 products follow float32, not one bfloat16 product
         assert not torch.equal(results["amx"][0], results["float32"][0])
         assert float((results["amx"][0] - results["float32"][0]).abs().max()) < 0.05
@@ -554,3 +557,26 @@ def test_the_weights_choice_runs_the_adapter_then_the_base_weights_and_keeps_the
         assert slot.weights == slot.adapter_weights  # the pipeline's own slot kept its adapter
     finally:
         llama.close()
+
+
+def test_the_long_reads_are_chosen_by_timing_them_once_per_process(native):
+    """Which products a long read takes is timed at the first load (no CPU is assumed to favour one)."""
+    from omnidraft.drafter import native_lm
+
+    ext = kernels.qdraft()
+    chosen = native_lm.chosen_long_reads()
+    assert chosen is not None and chosen.split()[0] in ("integer", "float32", "amx") and "integer" in chosen
+    rows, amx = ext.long_reads()
+    assert (rows == 0) == chosen.startswith("integer") and amx == chosen.startswith("amx")
+    lm, _ = native
+    assert native_lm.choose_long_reads(lm.weights.model, lm.vocab_size) is chosen  # not timed again
+
+
+def test_a_rebuilt_native_kernel_has_the_pairs_drafting_costs_measured_again(native):
+    """A policy's costs are kept per machine string (CPU, torch, kernels); the native drafter's own build
+    is part of it, so a kernel that reads faster is not planned with the old kernel's read costs."""
+    from omnidraft.runtime import cost_machine, policy_machine
+
+    assert kernels.build_dir("qdraft").name in policy_machine("native")
+    assert kernels.build_dir("qdraft").name not in cost_machine()  # the target's kernel choices stay kept
+    assert policy_machine("llamacpp") == cost_machine()

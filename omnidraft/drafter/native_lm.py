@@ -5,6 +5,8 @@ onnxruntime pay per operator (30 layers x ~20 operators for SmolLM2), and llama.
 to 8 bits, which moves the drafter's top token on a few percent of positions. ``kernels/qdraft.cpp``
 runs the whole forward in one call on the GGUF's Q4_1/Q8_0 blocks as they are (nothing dequantized)
 with 16-bit activations, so it follows the float32 drafter (the same dequantized weights) closely.
+A read of many rows (a prompt) is bound by arithmetic instead: there the products go float32 on
+dequantized tiles, or AMX tiles, whichever :func:`choose_long_reads` timed fastest on this CPU.
 
 :class:`NativeDraftLM` is a :class:`~omnidraft.drafter.base.DraftLM`: a float16 KV cache per instance
 (``fork`` shares the weights), rollback by truncating the cached ids, and LoRA adapters in peft names
@@ -17,6 +19,8 @@ SmolLM2 is); :func:`load_native_model` says why any other is not.
 
 from __future__ import annotations
 
+import statistics
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -163,7 +167,54 @@ def load_native_model(gguf: str | Path, index_dir: Path | None = None) -> Native
     except RuntimeError as exc:  # a shape qdraft.cpp refuses
         raise NativeUnsupported(str(exc).splitlines()[0]) from None
     context = int(index.field("llama.context_length"))
+    choose_long_reads(model, vocab)
     return NativeModel(model, GgufShape(arch, n_layers, n_head, n_kv), vocab, n_embd, n_ff, context, Path(gguf))
+
+
+LONG_READ_ROWS = 16  # reads from this many rows may take the float32 products (qdraft.cpp: long_read_rows)
+CALIBRATION_ROWS = 32  # a short prompt: the read timed on each way, where AMX tiles start (AMX_MIN_ROWS)
+_long_reads_chosen: str | None = None  # once per process: the choice is the module's, for every model
+
+
+def chosen_long_reads() -> str | None:
+    """What :func:`choose_long_reads` chose in this process, with its times (None before a model loaded)."""
+    return _long_reads_chosen
+
+
+def choose_long_reads(model, vocab: int) -> str:
+    """Time a read of CALIBRATION_ROWS rows on each way of taking a long read's products that this CPU
+    has (the integer products, float32 on dequantized tiles, AMX tiles) and keep the fastest for every
+    long read of the process; returns what was chosen, with the times.
+
+    Why time: which wins depends on the CPU's float32 and integer throughput (measured on a Sapphire
+    Rapids: 67, 43 and 35 ms for 32 rows), not on anything a flag says. Once per process, ~0.5 s."""
+    global _long_reads_chosen
+    if _long_reads_chosen is not None:
+        return _long_reads_chosen
+    from omnidraft import kernels
+
+    ext = kernels.qdraft()
+    ids = torch.arange(CALIBRATION_ROWS, dtype=torch.int64) % vocab
+    threads = torch.get_num_threads()
+
+    def seconds(rows: int, amx: bool) -> float:
+        ext.long_read_rows(rows)
+        if ext.use_amx(amx) != amx:
+            return float("inf")
+        times = []
+        for _ in range(4):  # the first warms the path up
+            start = time.perf_counter()
+            ext.Cache(model).forward(ids, 0, threads)
+            times.append(time.perf_counter() - start)
+        return statistics.median(times[1:])
+
+    ways = {"integer": seconds(0, False), "float32": seconds(LONG_READ_ROWS, False), "amx": seconds(LONG_READ_ROWS, True)}
+    best = min(ways, key=ways.get)
+    ext.long_read_rows(0 if best == "integer" else LONG_READ_ROWS)
+    ext.use_amx(best == "amx")
+    timed = ", ".join(f"{way} {1e3 * s:.0f} ms" for way, s in ways.items() if s != float("inf"))
+    _long_reads_chosen = f"{best} ({CALIBRATION_ROWS}-row read: {timed})"
+    return _long_reads_chosen
 
 
 class NativeDraftLM:

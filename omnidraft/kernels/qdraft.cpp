@@ -847,6 +847,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     amx_on = on && usable;
     return amx_on;
   }, "a long read's products on AMX tiles where the CPU has them; returns whether they are");
+  m.def("long_reads", []() { return std::make_pair(long_rows, amx_on); },
+        "(rows from which reads take the float32 products, whether those of 32+ rows take AMX tiles)");
   m.def("long_read_rows", [](int64_t rows) {
     TORCH_CHECK(rows >= 0, "rows must be >= 0");
     const int64_t before = long_rows;
