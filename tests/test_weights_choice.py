@@ -353,6 +353,16 @@ def test_a_paired_trial_switches_the_weights_between_drafts_and_keeps_the_target
     assert set(drafts) == {str(path), BASE_WEIGHTS} and sum(drafts.values()) >= 4, drafts
     assert told.count(BASE_WEIGHTS) >= 2 and abs(drafts[str(path)] - drafts[BASE_WEIGHTS]) <= 2  # in turn
     assert head_calls and set(head_calls) == {str(path)}
+    # chat's /stats (and banner) adapter line says what the trials found
+    from types import SimpleNamespace
+
+    from omnidraft.chat.session import ChatSession
+
+    line = ChatSession.adapter_description(SimpleNamespace(pipe=SimpleNamespace(adapter_slot=slot, decoder=decoder),
+                                                           learner=None, train=False))
+    ratio = trials.ratio()
+    assert ratio is not None and f"paired trials: the adapter drafts at {ratio:.2f}x" in line, line
+    assert line.startswith(slot.description) and line.endswith("· not training (--no-train)")
 
 
 def test_without_an_adapter_nothing_is_switched():
