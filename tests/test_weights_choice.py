@@ -363,6 +363,8 @@ def test_a_paired_trial_switches_the_weights_between_drafts_and_keeps_the_target
     ratio = trials.ratio()
     assert ratio is not None and f"paired trials: the adapter drafts at {ratio:.2f}x" in line, line
     assert line.startswith(slot.description) and line.endswith("· not training (--no-train)")
+    slot.run(BASE_WEIGHTS)  # where a trial ended on the base weights, the slot claims no verdict of its own
+    assert slot.on_base and "draft faster" not in slot.description
 
 
 def test_without_an_adapter_nothing_is_switched():

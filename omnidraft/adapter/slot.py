@@ -125,5 +125,8 @@ class AdapterSlot(DecodeObserver):
             return "none"
         meta = self.current.meta
         head = ", acceptance head" if self._head is not None else ""
-        base = "; the base weights draft faster here, the last request ran them" if self.on_base else ""
+        # where the weights alternate within a request (paired trials), being on the base weights says
+        # nothing: the trials' verdict is the policy's (WeightsChoice.summary)
+        on_base = self.on_base and not self.alternates
+        base = "; the base weights draft faster here, the last request ran them" if on_base else ""
         return f"{self.current.path} (update {meta.get('updates', 0)}, {meta.get('records_seen', 0)} records{head}{base})"
