@@ -680,10 +680,10 @@ def test_a_deepened_token_that_is_rejected_makes_the_next_one_rarer_and_is_charg
 
 def test_the_first_token_waits_for_no_long_drafter_read_and_a_fixed_rule_still_drafts_it():
     """The step that reads the request's text emits its first token. Where the drafter would first read
-    that text for longer than a plain step, the cost policy leaves the step to the target and the
-    drafter drafts from the next step on; a short read (a chat turn whose history was read ahead)
-    drafts at once, and a fixed stop rule drafts from the first step, as it says. The output is the
-    target's every time."""
+    that text for longer than a quarter of a plain step (FIRST_READ_SHARE), the cost policy leaves the
+    step to the target and the drafter drafts from the next step on; a short read (a chat turn whose
+    history was read ahead) drafts at once, and a fixed stop rule drafts from the first step, as it
+    says. The output is the target's every time."""
     from dataclasses import replace
 
     d_model, target, bridge = tiny_pair()
@@ -710,6 +710,7 @@ def test_the_first_token_waits_for_no_long_drafter_read_and_a_fixed_rule_still_d
 
     slow_read = sources_by_step(read_s=0.150 / 10)  # the prompt: 20 drafter tokens, read in two steps' time
     assert slow_read[0] is None and slow_read[1] == DRAFTER, slow_read
+    assert sources_by_step(read_s=0.150 / 40)[0] is None  # half a step's read: the first token does not wait
     assert sources_by_step(read_s=0.150 / 1000)[0] == DRAFTER
     assert sources_by_step(None, replace(config, draft_stop="fixed"))[0] == DRAFTER
 

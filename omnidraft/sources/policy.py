@@ -90,6 +90,10 @@ STALE_COST_KEEP = 0.98  # per step the drafter sat out, the share of d's (and th
 # long reads (a drafter that sat out steps); short ones inflated it ~50x in a chat, which then
 # priced every catch-up out
 READ_SAMPLE_MIN = 32
+# The first token may wait for the drafter's read of the request's new text only up to this share of a
+# plain step (then come the draft and its verify rows besides): a chat message read behind a history read
+# ahead still drafts at once, a new prompt's first token comes at the target's own latency
+FIRST_READ_SHARE = 0.25
 KEEP_ON_NEW_WEIGHTS = 0.25  # share of the drafter's acceptance evidence kept when its adapter changes
 # a lookup key's evidence fades over its last ~20 drafts: whether a copy continues is a property of the
 # text being written (a docstring repeated, a list that diverges every few items), not of a model
@@ -934,15 +938,16 @@ class CostPolicy:
     def may_draft_first(self, offer: Offer, free: bool) -> bool:
         """Whether ``offer`` may draft the step that reads a request's new text. A free source may. The
         drafter would first read all the text it has not read, and the first token would wait for that
-        read, the draft and the longer verify: where the read alone takes longer than a plain step (a
-        new prompt: a few hundred ms), the first token is left to the target, which emits it at its own
-        latency, and the drafter reads the text at the next step, as a catch-up. The request gives up
-        the proposals that would have ridden along the prompt read, about one plain step's worth
-        (docs/performance.md). A chat turn whose history the drafter read while the user typed
-        (``chat/session.py``) reads only the new message, and drafts at once."""
+        read, the draft and the longer verify: where the read alone takes longer than FIRST_READ_SHARE
+        of a plain step (a new prompt: tens to hundreds of ms), the first token is left to the target,
+        which emits it at its own latency, and the drafter reads the text at the next step, as a
+        catch-up. The request gives up the proposals that would have ridden along the prompt read,
+        about one plain step's worth (docs/performance.md). A chat turn whose history the drafter read
+        while the user typed (``chat/session.py``) reads only the new message, and a short one drafts
+        at once."""
         if free or not self.measured or not self.read_cost.known:
             return True
-        return offer.unread * self.read_cost.seconds_per_token <= self._capped_verify()(0)
+        return offer.unread * self.read_cost.seconds_per_token <= FIRST_READ_SHARE * self._capped_verify()(0)
 
     def catch_up_per_token(self, unread: int, room: int = 0) -> float:
         """Seconds each emitted token pays for reading ``unread`` tokens first: the read spread over
