@@ -295,8 +295,9 @@ int64_t long_rows = 16;
 // fixed time per read that fewer rows do not earn back (docs/performance.md has the read times by rows)
 constexpr int64_t AMX_MIN_ROWS = 32;
 
-// Whether a Linear's product in a read of `rows` rows goes the float32 way: a long read, whole tiles
-inline bool long_read(const QLinear& w, int64_t rows) { return long_rows > 0 && rows >= long_rows && w.out % OUT_TILE == 0; }
+// Whether a Linear's product in a read of `rows` rows goes the float32 way: a long read (from `from` rows, the
+// forward's copy of long_rows: a setting changed meanwhile by another thread waits for the next forward), whole tiles
+inline bool long_read(const QLinear& w, int64_t rows, int64_t from) { return from > 0 && rows >= from && w.out % OUT_TILE == 0; }
 
 inline void gemm_for(const QLinear& w, const float* x, int64_t rows, float* y, float* scratch) {
   if (avx512_on) gemm512::gemm_for(w, x, rows, y, scratch); else gemm256::gemm_for(w, x, rows, y, scratch);
@@ -703,7 +704,8 @@ struct Cache {
     t.assign(rows * std::max<int64_t>(max_rank, 1) * N_SLOTS, 0.f);
     const int64_t ts = rows * std::max<int64_t>(max_rank, 1);  // one slot's LoRA scratch
     float* hidden_out = hidden.data_ptr<float>();
-    const bool long_products = long_rows > 0 && rows >= long_rows;  // some products in float32: see long_read
+    const int64_t long_from = long_rows;  // the settings once per forward: the scratch below is sized by them
+    const bool long_products = long_from > 0 && rows >= long_from;  // some products in float32: see long_read
     std::vector<float> gemm_scratch(long_products ? teams * OUT_TILE * std::max(E, F) : 0);
     const bool amx_long = long_products && amx_on && rows >= AMX_MIN_ROWS;
     std::vector<uint32_t> amx_pack(amx_long ? (rows + AMX_ROWS - 1) / AMX_ROWS * AMX_ROWS * std::max(E, F) : 0);
@@ -737,11 +739,11 @@ struct Cache {
                        std::initializer_list<float*> outs, const QRows& qin, const float* fin) {
       auto out = outs.begin();
       bool any = false, tiles = amx_long;  // the slots share their input: packed once for the tiles
-      for (int s : slots) tiles = tiles && long_read(L.w[s], rows);
+      for (int s : slots) tiles = tiles && long_read(L.w[s], rows, long_from);
       if (tiles) amx_pack_for(fin, rows, L.w[*slots.begin()].in, amx_pack.data());
       for (int s : slots) {
         if (tiles) amx_gemm_for(L.w[s], amx_pack.data(), rows, *out++, gemm_scratch.data(), amx_split.data());
-        else if (long_read(L.w[s], rows)) gemm_for(L.w[s], fin, rows, *out++, gemm_scratch.data());
+        else if (long_read(L.w[s], rows, long_from)) gemm_for(L.w[s], fin, rows, *out++, gemm_scratch.data());
         else linear_for(L.w[s], qin, *out++);
         if (lo[s].a.defined()) { lora_a_for(lo[s], fin, rows, L.w[s].in, t.data() + s * ts); any = true; }
       }
