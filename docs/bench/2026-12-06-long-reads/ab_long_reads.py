@@ -1,9 +1,13 @@
 """A/B in one bench run: the native drafter's long reads (float32 / AMX products from 16 / 32 rows, the
 default) against every read on the integer products (as before), each arm with its own drafter fork."""
 import sys
+from pathlib import Path
 import omnidraft.bench.runner as R
 from omnidraft import kernels
 from omnidraft.cli import main
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from ab_identity import check_identity  # noqa: E402
 
 orig = R.build_modes
 ext = kernels.qdraft()
@@ -33,14 +37,5 @@ def build_modes(pipe, modes, *a, **kw):
 
 
 R.build_modes = build_modes
-orig_sum = R.summarize
-def summarize(runs, baseline="target", **kw):
-    out = orig_sum(runs, baseline, **kw)
-    if "target" in runs:
-        for m in runs:
-            same = [a.token_ids == b.token_ids for a, b in zip(runs[m], runs["target"])]
-            out[m]["identical_to_target"] = all(same)
-            out[m]["identical_prompts"] = sum(same)
-    return out
-R.summarize = summarize
+check_identity()
 sys.exit(main(sys.argv[1:]))
