@@ -353,7 +353,10 @@ def _native_weights(gguf: Path, home=None):
     from omnidraft.drafter.native_lm import load_native_model
 
     if gguf not in _NATIVE_WEIGHTS:
-        _NATIVE_WEIGHTS[gguf] = load_native_model(gguf, models.models_dir(home) / "gguf-index")
+        weights = load_native_model(gguf, models.models_dir(home) / "gguf-index")
+        if weights.head_vocab is not None:  # the tokens this home has read: their head rows stay in every step
+            weights.head_vocab.keep_at(models.models_dir(home) / "costs" / f"head-rows-{gguf.stem}.bits")
+        _NATIVE_WEIGHTS[gguf] = weights
     return _NATIVE_WEIGHTS[gguf]
 
 

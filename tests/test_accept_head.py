@@ -186,3 +186,19 @@ def test_draft_stop_is_validated():
         DecodeConfig(draft_stop="sometimes").validate()
     with pytest.raises(OmnidraftError, match="stop-gamma"):
         DecodeConfig(stop_gamma=1.0).validate()
+
+
+def test_minus_inf_logits_are_tokens_with_no_probability_on_both_paths():
+    """A pruned drafter head gives -inf for the tokens it leaves out: the features and the one-row path are
+    those of the distribution over the other tokens, finite (0 · -inf would make the entropy NaN)."""
+    torch.manual_seed(1)
+    head = accept_head.AcceptHead(8, width=4)
+    with torch.no_grad():
+        for p in head.parameters():
+            p.normal_(0, 0.5)
+    hidden, kept = torch.randn(8), torch.randn(50) * 3
+    pruned = torch.cat([kept, torch.full((30,), float("-inf"))])
+    f_pruned, f_kept = accept_head.features(hidden[None], pruned[None]), accept_head.features(hidden[None], kept[None])
+    assert torch.isfinite(f_pruned).all() and torch.allclose(f_pruned, f_kept, atol=1e-5)
+    assert head.accept_prob(hidden, pruned) == pytest.approx(head.accept_prob(hidden, kept), rel=1e-5)
+    assert math.isfinite(head.accept_prob(hidden, pruned))

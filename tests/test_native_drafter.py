@@ -43,7 +43,9 @@ def native():
     if kernels.qdraft() is None:
         pytest.skip(f"the native drafter cannot run here: {kernels.unsupported_reason() or 'not built'}")
     tok = models.load_tokenizer(DRAFTER, TEST_HOME, progress=False)
-    return NativeDraftLM(load_native_model(models.gguf_of(DRAFTER, TEST_HOME, progress=False))), tok
+    lm = NativeDraftLM(load_native_model(models.gguf_of(DRAFTER, TEST_HOME, progress=False)))
+    lm.prune_head = False  # the numerics tests compare whole logit rows; the pruned head has its own test
+    return lm, tok
 
 
 @contextmanager
@@ -302,13 +304,19 @@ def test_the_kept_index_of_the_gguf_loads_the_same_weights(native, tmp_path):
     lm.reset()
     parsed = lm.logits_for(ids).clone()
     index_dir = tmp_path / "gguf-index"
-    first = NativeDraftLM(load_native_model(gguf, index_dir))
+
+    def whole_head(weights) -> NativeDraftLM:  # the fixture's lm steps on the whole head
+        lm = NativeDraftLM(weights)
+        lm.prune_head = False
+        return lm
+
+    first = whole_head(load_native_model(gguf, index_dir))
     kept = list(index_dir.glob("*.json"))
     assert len(kept) == 1
-    from_index = NativeDraftLM(load_native_model(gguf, index_dir))
+    from_index = whole_head(load_native_model(gguf, index_dir))
     assert torch.equal(first.logits_for(ids), parsed) and torch.equal(from_index.logits_for(ids), parsed)
     kept[0].write_text("{not json")
-    assert torch.equal(NativeDraftLM(load_native_model(gguf, index_dir)).logits_for(ids), parsed)
+    assert torch.equal(whole_head(load_native_model(gguf, index_dir)).logits_for(ids), parsed)
     assert '"tensors"' in kept[0].read_text()  # written again whole
 
 
@@ -557,6 +565,60 @@ def test_the_weights_choice_runs_the_adapter_then_the_base_weights_and_keeps_the
         assert slot.weights == slot.adapter_weights  # the pipeline's own slot kept its adapter
     finally:
         llama.close()
+
+
+@pytest.mark.real
+def test_a_pruned_head_gives_the_whole_heads_logits_on_its_kept_rows_and_takes_in_every_token_read(native):
+    """Steps take the head's kept rows only (``HeadVocab``): their logits are the whole head's bits, the rest
+    -inf. A token read for the first time has its row kept from that read on, in every fork."""
+    whole, tok = native
+    whole.apply_adapter(None)
+    vocab = whole.weights.head_vocab
+    lm = whole.fork()
+    lm.prune_head = True  # the default (the fixture's steps take the whole head)
+    ids = list(tok.encode(TEXT))
+    rare = next(t for t in range(lm.vocab_size - 1, 0, -1) if not vocab.kept[t])  # a token no test has read
+    assert vocab.kept[: lm.vocab_size // 3].all() and not vocab.kept.all()
+    lm.reset()
+    whole.reset()
+    for context in (ids[:20], ids[:20] + [rare]):
+        pruned, full = lm.logits_for(context), whole.logits_for(context)
+        kept = torch.from_numpy(vocab.kept.copy())
+        assert kept[context].all()  # what was read is kept (the rare token from its read on)
+        assert torch.equal(pruned[kept], full[kept]) and torch.isneginf(pruned[~kept]).all()
+        assert torch.isfinite(full).all() and int(pruned.argmax()) == int(full.masked_fill(~kept, float("-inf")).argmax())
+    assert vocab.kept[rare]
+    other = lm.fork()  # another session over the same weights: the same kept rows
+    a, b = other.logits_for(ids[:20] + [rare]), lm.logits_for(ids[:20] + [rare])
+    assert other.prune_head and torch.equal(torch.isneginf(a), torch.isneginf(b)) and bool(torch.isfinite(a[rare]))
+
+
+def test_the_kept_head_rows_are_kept_in_the_home_and_a_file_that_does_not_fit_is_ignored(tmp_path, capsys):
+    """``HeadVocab.keep_at`` / ``save``: what a home has read stays kept in the next process; a file of another
+    vocabulary, or none, starts from the first third of the ids; a home that cannot be written is a warning."""
+    from omnidraft.drafter.native_lm import HeadVocab
+
+    path = tmp_path / "costs" / "head-rows.bits"
+    first = HeadVocab(None, 100)
+    first.keep_at(path)
+    assert first.kept.sum() == 33 and not path.exists()
+    first.add([90, 95, 2])
+    first.save()
+    again = HeadVocab(None, 100)
+    again.keep_at(path)
+    assert (again.kept == first.kept).all() and again.kept[[90, 95]].all() and again.kept.sum() == 35
+    other = HeadVocab(None, 200)  # another drafter's vocabulary
+    other.keep_at(path)
+    assert other.kept.sum() == 66
+    before = path.read_bytes()
+    again.save()  # nothing grew: nothing written
+    assert path.read_bytes() == before
+    (tmp_path / "a-file").write_text("")
+    stuck = HeadVocab(None, 100)
+    stuck.keep_at(tmp_path / "a-file" / "head-rows.bits")  # its folder cannot be made
+    stuck.add([99])
+    stuck.save()  # one line, no error
+    assert "could not keep the drafter's head rows" in capsys.readouterr().err
 
 
 def test_the_long_reads_are_chosen_by_timing_them_once_per_process(native):

@@ -30,6 +30,7 @@ import math
 import torch
 
 CONFIDENCE_FEATURES = 2  # log max q, entropy of q
+_LEAST = torch.finfo(torch.float32).min  # what a -inf logit is taken as: exp gives 0, and 0 times it is 0
 DEFAULT_WIDTH = 64
 
 
@@ -60,7 +61,8 @@ class AcceptHead(torch.nn.Module):
         (max, exp, sum and one dot product: with d = l - max l and e = exp d, log max q = -log Σe and
         the entropy is log Σe - (e·d)/Σe) and calls the layers' functions directly; the module's
         per-call overhead and log_softmax's extra passes cost ~0.3 ms a token in the loop."""
-        shifted = logits.float() - logits.max()
+        # -inf logits (tokens a pruned head leaves out) become the least float: e is 0 there, and e·d stays finite
+        shifted = (logits.float() - logits.max()).clamp_(min=_LEAST)
         e = shifted.exp()
         total, dot = float(e.sum()), float(torch.dot(e, shifted))
         log_total = math.log(total)
@@ -82,7 +84,7 @@ class AcceptHead(torch.nn.Module):
 
 def features(hidden: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
     """[n, hidden + 2]: the hidden state (float32), logit(max q) and the entropy of q = softmax(logits)."""
-    logq = torch.log_softmax(logits.float(), dim=-1)
+    logq = torch.log_softmax(logits.float(), dim=-1).clamp_(min=_LEAST)  # -inf (a pruned head): q = 0 adds 0
     top = logq.max(dim=-1).values.clamp(max=-1e-6)  # log max q < 0, so logit(max q) stays finite
     logit_top = top - torch.log(-torch.expm1(top))  # log q − log(1 − q)
     entropy = -(logq.exp() * logq).sum(dim=-1)

@@ -20,6 +20,7 @@ SmolLM2 is); :func:`load_native_model` says why any other is not.
 from __future__ import annotations
 
 import statistics
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -51,6 +52,7 @@ class NativeModel:
     n_ff: int
     max_positions: int
     path: Path
+    head_vocab: HeadVocab | None = None  # the head's kept rows (None: every step takes the whole head)
 
     @property
     def linear_shapes(self) -> dict[str, tuple[int, int]]:
@@ -168,7 +170,83 @@ def load_native_model(gguf: str | Path, index_dir: Path | None = None) -> Native
         raise NativeUnsupported(str(exc).splitlines()[0]) from None
     context = int(index.field("llama.context_length"))
     choose_long_reads(model, vocab)
-    return NativeModel(model, GgufShape(arch, n_layers, n_head, n_kv), vocab, n_embd, n_ff, context, Path(gguf))
+    return NativeModel(model, GgufShape(arch, n_layers, n_head, n_kv), vocab, n_embd, n_ff, context, Path(gguf),
+                       HeadVocab(model, vocab))
+
+
+class HeadVocab:
+    """Which of the LM head's rows a drafter step computes: FR pruning (Algorithm 3 of the RDK paper, after
+    FR-Spec), with the frequency ranking replaced by what this home has seen.
+
+    Why: after each verify the target's weights have pushed the drafter's out of the CPU's caches, so a drafter
+    step streams its ~96 MB from memory, and the tied head is ~30 MB of it, for 49,152 tokens of which a text
+    uses a few thousand. Kept: the first third of the ids (a BPE vocabulary's earliest merges, its most frequent
+    pairs) and every token the drafter has read in this home (the prompts and the target's outputs), so a
+    Chinese text's byte-level tokens, or a codebase's identifiers, are kept once they occur. Steps then give
+    -inf for the other ids: the drafter cannot propose them, which costs acceptance only where its top token
+    is one the home never wrote (the verifier keeps the output exact either way; docs/performance.md measures
+    how often). The set only grows; it is kept in the home between processes (``keep_at``)."""
+
+    def __init__(self, model, vocab: int, base: int | None = None) -> None:
+        self._model = model
+        self.kept = np.zeros(vocab, dtype=bool)
+        self.kept[: vocab // 3 if base is None else base] = True
+        self.version = 0  # grows with every change of ``kept``
+        self.path: Path | None = None
+        self._rows, self._rows_version = None, -1
+        self._saved_version = 0
+        self._lock = threading.Lock()
+
+    def add(self, ids: Sequence[int]) -> None:
+        """Keep the rows of ``ids`` (tokens the drafter reads) from now on."""
+        if len(ids) == 1:
+            if self.kept[ids[0]]:  # a drafted token: the common case, decided without numpy's call overhead
+                return
+        elif self.kept[np.asarray(ids, dtype=np.int64)].all():
+            return
+        with self._lock:
+            self.kept[np.asarray(ids, dtype=np.int64)] = True
+            self.version += 1
+
+    def rows(self):
+        """The kernel's pruned head for the current set (qdraft.HeadRows), made once per version."""
+        with self._lock:
+            if self._rows_version != self.version:
+                ids = torch.from_numpy(np.flatnonzero(self.kept).astype(np.int64))
+                self._rows, self._rows_version = self._model.head_rows(ids), self.version
+            return self._rows
+
+    def keep_at(self, path: Path) -> None:
+        """Start from the rows kept at ``path`` and write them there when they grew (``save``). A file that
+        does not fit this vocabulary is ignored: the set starts again, as on a fresh home."""
+        self.path = path
+        try:
+            bits = np.unpackbits(np.frombuffer(path.read_bytes(), dtype=np.uint8))
+        except OSError:
+            return
+        if len(bits) != (len(self.kept) + 7) // 8 * 8:
+            return
+        with self._lock:
+            self.kept |= bits[: len(self.kept)].astype(bool)
+            self.version += 1
+            self._saved_version = self.version
+
+    def save(self) -> None:
+        """Write the set to ``path`` if it grew since it was read or written (atomically: a crash leaves
+        the old file); a read-only home is one line, never an error."""
+        if self.path is None or self._saved_version == self.version:
+            return
+        from omnidraft.console import warn
+        from omnidraft.fsutil import atomic_write
+
+        with self._lock:
+            data, version = np.packbits(self.kept).tobytes(), self.version
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write(self.path, data)
+            self._saved_version = version
+        except OSError as exc:
+            warn(f"could not keep the drafter's head rows in {self.path}: {exc}")
 
 
 LONG_READ_ROWS = 16  # reads from this many rows may take the float32 products (qdraft.cpp: long_read_rows)
@@ -231,6 +309,8 @@ class NativeDraftLM:
         self.vocab_size, self.hidden_size, self.max_positions = weights.vocab_size, weights.hidden_size, weights.max_positions
         self.n_threads = n_threads or torch.get_num_threads()
         self._cache = kernels.qdraft().Cache(weights.model)
+        self._head_version = -1  # the head_vocab version this cache's pruned head was set from (-1: whole head)
+        self.prune_head = weights.head_vocab is not None  # steps take only the kept head rows (HeadVocab)
         self._ids: list[int] = []
         self._hidden = torch.zeros(self.hidden_size)
         # the live adapter: (its state, as the caller holds it; its LoRA pairs; scaling). ``apply_adapter(None)``
@@ -254,6 +334,7 @@ class NativeDraftLM:
     def _feed(self, ids: Sequence[int]) -> torch.Tensor:
         if len(self._ids) + len(ids) > self.max_positions:
             raise ValueError(f"the drafter's context is {self.max_positions} tokens")
+        self._sync_head(ids)
         logits = None
         for start in range(0, len(ids), READ_CHUNK):
             chunk = list(ids[start:start + READ_CHUNK])
@@ -261,6 +342,29 @@ class NativeDraftLM:
             self._ids.extend(chunk)
         self._hidden = self._cache.hidden.clone()
         return logits
+
+    def _sync_head(self, ids: Sequence[int]) -> None:
+        """Keep the rows of the tokens about to be read, and give the cache the current pruned head."""
+        vocab = self.weights.head_vocab
+        if not self.prune_head or vocab is None:
+            if self._head_version != -1:
+                self._cache.set_head(None)
+                self._head_version = -1
+            return
+        vocab.add(ids)
+        if self._head_version != vocab.version:
+            self._cache.set_head(vocab.rows())
+            self._head_version = vocab.version
+
+    def keep_rows(self, ids: Sequence[int]) -> None:
+        """Keep the head rows of ``ids`` although they are not read (a healed token, which the draft spells again)."""
+        if self.weights.head_vocab is not None:
+            self.weights.head_vocab.add(ids)
+
+    def save_head_vocab(self) -> None:
+        """Keep the head rows this home has seen (the drafter source calls it after each request)."""
+        if self.weights.head_vocab is not None:
+            self.weights.head_vocab.save()
 
     def logits_for(self, ids: Sequence[int]) -> torch.Tensor:
         ids = list(ids)
@@ -287,6 +391,7 @@ class NativeDraftLM:
     def fork(self) -> NativeDraftLM:
         """Another drafter over the same weights with a KV cache of its own, and this one's adapter."""
         fork = NativeDraftLM(self.weights, self.n_threads)
+        fork.prune_head = self.prune_head
         if self._adapter is not None:
             fork._use(*self._adapter[1:])
             fork._adapter = self._adapter

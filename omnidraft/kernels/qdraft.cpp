@@ -38,6 +38,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -522,6 +523,14 @@ struct Layer {
   torch::Tensor attn_norm, ffn_norm;
 };
 
+// A pruned LM head (FR pruning, Algorithm 3 of the RDK paper, after FR-Spec): the head's rows for some
+// token ids, copied out contiguously so that a step streams only them. Immutable once made: caches on other
+// threads may hold it while a newer one replaces it in another cache.
+struct HeadRows {
+  QLinear w;                 // [ids.size(), n_embd] the kept rows, repacked as the full head's
+  std::vector<int64_t> ids;  // the token id of each kept row, ascending
+};
+
 }  // namespace
 
 // The weights (shared by every cache) and the adapter in use.
@@ -596,6 +605,24 @@ struct Model {
     out_norm = norm.contiguous().to(torch::kFloat32);
   }
 
+  // The head's rows for `ids` (ascending, distinct, in range), copied from the repacked head
+  std::shared_ptr<const HeadRows> head_rows(torch::Tensor ids) const {
+    TORCH_CHECK(head.base != nullptr, "the model has no head yet");
+    ids = ids.to(torch::kInt64).contiguous();
+    TORCH_CHECK(ids.dim() == 1 && ids.numel() > 0, "head rows must be a non-empty 1-D tensor");
+    const int64_t n = ids.numel(), *id = ids.data_ptr<int64_t>();
+    for (int64_t i = 0; i < n; ++i)
+      TORCH_CHECK(id[i] >= 0 && id[i] < vocab && (i == 0 || id[i] > id[i - 1]), "head rows must be ascending ids in the vocabulary");
+    auto rows = std::make_shared<HeadRows>();
+    rows->ids.assign(id, id + n);
+    rows->w = head;
+    rows->w.bytes = torch::empty({n * head.row_bytes}, torch::kUInt8);
+    rows->w.base = rows->w.bytes.data_ptr<uint8_t>();
+    rows->w.out = n;
+    for (int64_t i = 0; i < n; ++i) std::memcpy(rows->w.bytes.data_ptr<uint8_t>() + i * head.row_bytes, head.row(id[i]), head.row_bytes);
+    return rows;
+  }
+
 };
 
 // One session's KV cache and adapter over a Model; `forward` appends rows at position `pos`.
@@ -607,6 +634,7 @@ struct Cache {
                                          // transposed in one contiguous 2 KB tile (scores of 8 positions per pass)
   std::vector<std::vector<uint16_t>> v;  // float16 [layer][position * kv_dim]
   torch::Tensor hidden;                  // [n_embd] the final normed state of the last row
+  std::shared_ptr<const HeadRows> head_rows;  // a pruned head (`set_head`): logits for its ids only, -inf elsewhere
   int64_t capacity = 0;
 
   explicit Cache(std::shared_ptr<Model> m)
@@ -637,6 +665,12 @@ struct Cache {
   }
 
   void clear_stash() { stash.clear(); }
+
+  // Take logits on a pruned head's rows only (nullptr: the whole head)
+  void set_head(std::shared_ptr<const HeadRows> rows) {
+    TORCH_CHECK(!rows || rows->w.in == model->n_embd, "head rows of another model");
+    head_rows = std::move(rows);
+  }
 
   void reserve(int64_t positions) {
     if (positions <= capacity) return;
@@ -687,7 +721,9 @@ struct Cache {
     reserve(pos + rows);
 
     std::vector<float> x(rows * E), xn(rows * E), q(rows * E), kv_k(rows * KV), kv_v(rows * KV), att(rows * E),
-        o(rows * E), g(rows * F), u(rows * F), down(rows * E), t(rows * 64 * N_SLOTS), logits(M.vocab);
+        o(rows * E), g(rows * F), u(rows * F), down(rows * E), t(rows * 64 * N_SLOTS);
+    const std::shared_ptr<const HeadRows> head = head_rows;  // held for the forward: set_head may replace it
+    std::vector<float> logits(head ? 0 : M.vocab), kept(head ? head->ids.size() : 0);
     const int teams = static_cast<int>(std::max<int64_t>(n_threads, 1));
     // attention work items (row, chunk, KV head) and their partials [row][head][chunk][P]: the same in every layer
     const int64_t group = H / M.n_kv, P = (D + 2 + 7) / 8 * 8, chunks = (pos + rows + ATT_CHUNK - 1) / ATT_CHUNK;
@@ -820,9 +856,13 @@ struct Cache {
         qe.resize(1, E);
       }
       qe.set_for(hidden_out);
-      linear_for(M.head, qe, logits.data());
+      linear_for(head ? head->w : M.head, qe, head ? kept.data() : logits.data());
     }
-    return torch::from_blob(logits.data(), {M.vocab}, torch::kFloat32).clone();
+    if (!head) return torch::from_blob(logits.data(), {M.vocab}, torch::kFloat32).clone();
+    torch::Tensor out = torch::full({M.vocab}, -std::numeric_limits<float>::infinity(), torch::kFloat32);
+    float* all = out.data_ptr<float>();
+    for (size_t i = 0; i < head->ids.size(); ++i) all[head->ids[i]] = kept[i];
+    return out;
   }
 };
 
@@ -830,7 +870,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   pybind11::class_<Model, std::shared_ptr<Model>>(m, "Model")
       .def(pybind11::init<int64_t, int64_t, int64_t, int64_t, double, double>())
       .def("add_layer", &Model::add_layer)
-      .def("set_output", &Model::set_output);
+      .def("set_output", &Model::set_output)
+      .def("head_rows", &Model::head_rows, "a pruned head: the head's rows for these ascending token ids");
+  pybind11::class_<HeadRows, std::shared_ptr<HeadRows>>(m, "HeadRows")
+      .def_property_readonly("size", [](const HeadRows& h) { return static_cast<int64_t>(h.ids.size()); });
   pybind11::class_<Cache>(m, "Cache")
       .def(pybind11::init<std::shared_ptr<Model>>())
       .def("forward", &Cache::forward, pybind11::call_guard<pybind11::gil_scoped_release>())
@@ -838,6 +881,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("clear_lora", &Cache::clear_lora)
       .def("swap_lora", &Cache::swap_lora)
       .def("clear_stash", &Cache::clear_stash)
+      .def("set_head", &Cache::set_head, pybind11::arg("rows").none(true))
       .def("drop", &Cache::drop)
       .def_readonly("hidden", &Cache::hidden);
   m.def("use_vnni", [](bool on) {

@@ -163,6 +163,9 @@ class ModelDraft:
         if self._plan is None or not self._plan.heals:  # (a chat reads ahead before its next request begins)
             return context, None
         heal = self._plan.translator.heal(context, self.drafter.lm.vocab_size)
+        keep = getattr(self.drafter.lm, "keep_rows", None)  # a pruned head: the healed token must stay proposable
+        if heal and keep is not None:
+            keep(context[-1:])
         return (context[:-1] if heal else context), heal
 
     def token_seconds(self, ids: list[int]) -> float:
@@ -278,7 +281,9 @@ class ModelDraft:
         self._behind = True
 
     def finish(self, prompt_len: int, ids: list[int]) -> None:
-        pass
+        save = getattr(self.drafter.lm, "save_head_vocab", None)  # a backend that keeps what the home has seen
+        if save is not None:
+            save()
 
     # ---- strategies
 
