@@ -614,11 +614,13 @@ def test_the_kept_head_rows_are_kept_in_the_home_and_a_file_that_does_not_fit_is
     again.save()  # nothing grew: nothing written
     assert path.read_bytes() == before
     (tmp_path / "a-file").write_text("")
-    stuck = HeadVocab(None, 100)
-    stuck.keep_at(tmp_path / "a-file" / "head-rows.bits")  # its folder cannot be made
-    stuck.add([99])
-    stuck.save()  # one line, no error
-    assert "could not keep the drafter's head rows" in capsys.readouterr().err
+    for where in (tmp_path / "a-file" / "head-rows.bits", tmp_path / "a-folder"):  # no folder; a folder in its place
+        (tmp_path / "a-folder").mkdir(exist_ok=True)
+        stuck = HeadVocab(None, 100)
+        stuck.keep_at(where)
+        stuck.add([99])
+        stuck.save()  # one line, no error
+        assert "could not keep the drafter's head rows" in capsys.readouterr().err
 
 
 def test_the_long_reads_are_chosen_by_timing_them_once_per_process(native):

@@ -237,6 +237,7 @@ class HeadVocab:
         if self.path is None or self._saved_version == self.version:
             return
         from omnidraft.console import warn
+        from omnidraft.errors import OmnidraftError
         from omnidraft.fsutil import atomic_write
 
         with self._lock:
@@ -245,7 +246,7 @@ class HeadVocab:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             atomic_write(self.path, data)
             self._saved_version = version
-        except OSError as exc:
+        except (OSError, OmnidraftError) as exc:  # a read-only home: the rows are read again next time
             warn(f"could not keep the drafter's head rows in {self.path}: {exc}")
 
 
