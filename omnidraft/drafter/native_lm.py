@@ -250,7 +250,6 @@ class HeadVocab:
             warn(f"could not keep the drafter's head rows in {self.path}: {exc}")
 
 
-LONG_READ_ROWS = 16  # reads from this many rows may take the float32 products (qdraft.cpp: long_read_rows)
 CALIBRATION_ROWS = 32  # a short prompt: the read timed on each way, where AMX tiles start (AMX_MIN_ROWS)
 _long_reads_chosen: str | None = None  # once per process: the choice is the module's, for every model
 
@@ -287,9 +286,10 @@ def choose_long_reads(model, vocab: int) -> str:
             times.append(time.perf_counter() - start)
         return statistics.median(times[1:])
 
-    ways = {"integer": seconds(0, False), "float32": seconds(LONG_READ_ROWS, False), "amx": seconds(LONG_READ_ROWS, True)}
+    start = ext.long_read_default  # reads from this many rows may take the float32 products (qdraft.cpp)
+    ways = {"integer": seconds(0, False), "float32": seconds(start, False), "amx": seconds(start, True)}
     best = min(ways, key=ways.get)
-    ext.long_read_rows(0 if best == "integer" else LONG_READ_ROWS)
+    ext.long_read_rows(0 if best == "integer" else start)
     ext.use_amx(best == "amx")
     timed = ", ".join(f"{way} {1e3 * s:.0f} ms" for way, s in ways.items() if s != float("inf"))
     _long_reads_chosen = f"{best} ({CALIBRATION_ROWS}-row read: {timed})"

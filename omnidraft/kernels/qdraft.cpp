@@ -291,7 +291,8 @@ bool amx_usable() {
 bool avx512_on = __builtin_cpu_supports("avx512f");
 bool amx_on = amx_usable();  // a long read's products on AMX tiles (`use_amx`)
 // Reads of at least this many rows take their products in float32 (qdraft_gemm.h); 0: never (`long_read_rows`)
-int64_t long_rows = 16;
+constexpr int64_t LONG_ROWS = 16;  // the start where the float32 products are chosen (`long_read_default`)
+int64_t long_rows = LONG_ROWS;
 // ... and of at least this many on AMX tiles, where usable: the split of every weight into two bfloat16 costs a
 // fixed time per read that fewer rows do not earn back (docs/performance.md has the read times by rows)
 constexpr int64_t AMX_MIN_ROWS = 32;
@@ -893,6 +894,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     amx_on = on && usable;
     return amx_on;
   }, "a long read's products on AMX tiles where the CPU has them; returns whether they are");
+  m.attr("long_read_default") = LONG_ROWS;
   m.def("long_reads", []() { return std::make_pair(long_rows, amx_on); },
         "(rows from which reads take the float32 products, whether those of 32+ rows take AMX tiles)");
   m.def("long_read_rows", [](int64_t rows) {
