@@ -86,6 +86,15 @@ def test_the_record_is_reused_only_under_the_same_fingerprint(tmp_path):
     assert choice.load_choice(path, key) is None
 
 
+def test_the_native_kernels_build_is_part_of_the_fingerprint():
+    """A rebuilt native kernel (other sources, another torch) is measured again, as a new package would be."""
+    from omnidraft import kernels
+
+    with_native = choice.fingerprint([("torch", "float32"), ("native", None)])
+    assert with_native["native_kernel"] == kernels.build_dir("qdraft").name
+    assert "native_kernel" not in choice.fingerprint([("torch", "float32"), ("llamacpp", None)])
+
+
 @pytest.mark.real
 def test_a_real_measurement_follows_the_rule_and_is_kept(monkeypatch):
     from omnidraft.runtime import choose_drafter_backend, llama_cpp_installed

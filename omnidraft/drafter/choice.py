@@ -182,9 +182,16 @@ def record_path(drafter_slug: str, home=None) -> Path:
 
 
 def fingerprint(candidates: Sequence[tuple[str, str | None]]) -> dict:
-    """What a measurement depends on: when any of it changes, it is taken again."""
-    return {"format": FORMAT, "host": cpu_model(), "torch": torch.__version__, "onnxruntime": _version("onnxruntime"),
-            "llama_cpp_python": _version("llama_cpp_python"), "candidates": sorted(f"{b} {d}" for b, d in candidates)}
+    """What a measurement depends on: when any of it changes, it is taken again. The native drafter's
+    kernel is omnidraft's own code, so its build counts like a package version (a rebuilt kernel steps at
+    another speed, and may agree otherwise)."""
+    key = {"format": FORMAT, "host": cpu_model(), "torch": torch.__version__, "onnxruntime": _version("onnxruntime"),
+           "llama_cpp_python": _version("llama_cpp_python"), "candidates": sorted(f"{b} {d}" for b, d in candidates)}
+    if any(backend == "native" for backend, _ in candidates):
+        from omnidraft import kernels
+
+        key["native_kernel"] = kernels.build_dir("qdraft").name
+    return key
 
 
 def load_choice(path: Path, expected: dict) -> BackendChoice | None:
