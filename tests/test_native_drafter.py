@@ -603,6 +603,9 @@ def test_the_kept_head_rows_are_kept_in_the_home_and_a_file_that_does_not_fit_is
     first.keep_at(path)
     assert first.kept.sum() == 33 and not path.exists()
     first.add([90, 95, 2])
+    for bad in ([-1], [100], [3, 100]):  # numpy would keep -1 as 99
+        with pytest.raises(ValueError, match="out of range"):
+            first.add(bad)
     first.save()
     again = HeadVocab(None, 100)
     again.keep_at(path)

@@ -198,14 +198,18 @@ class HeadVocab:
         self._lock = threading.Lock()
 
     def add(self, ids: Sequence[int]) -> None:
-        """Keep the rows of ``ids`` (tokens the drafter reads) from now on."""
-        if len(ids) == 1:
+        """Keep the rows of ``ids`` (tokens the drafter reads) from now on; ValueError for an id outside
+        the vocabulary (numpy would take a negative one from the end)."""
+        if len(ids) == 1 and 0 <= ids[0] < len(self.kept):
             if self.kept[ids[0]]:  # a drafted token: the common case, decided without numpy's call overhead
                 return
-        elif self.kept[np.asarray(ids, dtype=np.int64)].all():
+        ids = np.asarray(ids, dtype=np.int64)
+        if ids.size and (ids.min() < 0 or ids.max() >= len(self.kept)):
+            raise ValueError(f"token id out of range (the drafter's vocabulary has {len(self.kept)})")
+        if self.kept[ids].all():
             return
         with self._lock:
-            self.kept[np.asarray(ids, dtype=np.int64)] = True
+            self.kept[ids] = True
             self.version += 1
 
     def rows(self):
