@@ -442,8 +442,10 @@ def choose_drafter_backend(drafter_spec: str, home=None, quiet: bool = False, re
             from omnidraft.drafter.onnx_lm import OnnxDraftLM
 
             return OnnxDraftLM(export)
-        if backend == "native":
-            return native_drafter(drafter_spec, home, quiet=True)[0]
+        if backend == "native":  # its arithmetic, on the whole head: the kept head rows are the loop's choice of
+            lm = native_drafter(drafter_spec, home, quiet=True)[0]  # what to propose, measured in the loop by the
+            lm.prune_head = False  # bench (a fresh home's probe would count every first use of a word as a miss)
+            return lm
         return gguf_drafter(drafter_spec, home, quiet=True)[0]
 
     if not quiet:

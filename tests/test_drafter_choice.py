@@ -8,6 +8,9 @@ and is what ``load_pipeline`` then runs.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import json
 
 import pytest
@@ -95,18 +98,40 @@ def test_the_native_kernels_build_is_part_of_the_fingerprint():
     assert "native_kernel" not in choice.fingerprint([("torch", "float32"), ("llamacpp", None)])
 
 
+@contextmanager
+def fresh_head_rows(home) -> Iterator[None]:
+    """The process's native drafter weights with the kept head rows of a fresh home (the first third)."""
+    from omnidraft import runtime
+    from omnidraft.drafter.native_lm import HeadVocab
+
+    if not runtime.native_drafter_available():
+        yield
+        return
+    weights = runtime._native_weights(models.gguf_of(DRAFTER, home, progress=False).resolve(), home)
+    kept = weights.head_vocab
+    object.__setattr__(weights, "head_vocab", HeadVocab(weights.model, weights.vocab_size))  # a frozen dataclass
+    try:
+        yield
+    finally:
+        object.__setattr__(weights, "head_vocab", kept)
+
+
 @pytest.mark.real
 def test_a_real_measurement_follows_the_rule_and_is_kept(monkeypatch):
-    from omnidraft.runtime import choose_drafter_backend, llama_cpp_installed
+    from omnidraft.runtime import choose_drafter_backend, llama_cpp_installed, native_drafter_available
 
     home = TEST_HOME
-    picked = choose_drafter_backend(DRAFTER, home, quiet=True, remeasure=True)
+    with fresh_head_rows(home):  # as on a fresh home: the native drafter has read nothing yet
+        picked = choose_drafter_backend(DRAFTER, home, quiet=True, remeasure=True)
     labels = {m.label for m in picked.measures}
     assert {"torch float32", "torch bfloat16"} <= labels
     assert ("llamacpp" in labels) == llama_cpp_installed()
     assert all(m.ms_per_token > 0 and 0 <= m.agreement <= 1 for m in picked.measures)
     assert picked.chosen is pick(picked.measures)
     assert picked.chosen.label in picked.why() and f"{MIN_AGREEMENT:.0%}" in picked.why()
+    if native_drafter_available():  # its arithmetic follows fp32's; the probe does not prune its head (a fresh
+        native = next(m for m in picked.measures if m.label == "native")  # home's first words would count as misses)
+        assert native.agreement >= 0.98, native
     record = json.loads((home / "models" / "costs" / "drafter-backends" / "smollm2-135m.json").read_text())
     assert record["chosen"] == picked.chosen.label and record["fingerprint"]["host"] == choice.cpu_model()
 
