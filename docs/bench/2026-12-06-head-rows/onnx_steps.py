@@ -1,4 +1,4 @@
-"""(Runs on the `onnx-head` branch of 2026-12-06, whose `omnidraft export --head-rows` was not merged.) The int8 ONNX drafter with the whole head against kept head rows (two exports of the same drafter: `omnidraft
+"""(Needs `git apply onnx-head.patch` beside it: `omnidraft export --head-rows`, measured and not merged.) The int8 ONNX drafter with the whole head against kept head rows (two exports of the same drafter: `omnidraft
 export --head-rows all|kept --out DIR`). One-token steps after a 200-token HumanEval context, warm and after a
 1 GiB sweep (what a target's verify does to the caches), medians of 3 rounds x 24 steps, ms; and how often the two
 exports' top tokens agree, teacher-forced on prompts the home had not read (HumanEval, AlpacaEval, zh 108-115)."""
