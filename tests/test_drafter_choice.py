@@ -8,10 +8,9 @@ and is what ``load_pipeline`` then runs.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from contextlib import contextmanager
-
-import json
 
 import pytest
 from conftest import DRAFTER, TEST_HOME
