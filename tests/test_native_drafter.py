@@ -43,9 +43,15 @@ def native():
     if kernels.qdraft() is None:
         pytest.skip(f"the native drafter cannot run here: {kernels.unsupported_reason() or 'not built'}")
     tok = models.load_tokenizer(DRAFTER, TEST_HOME, progress=False)
-    lm = NativeDraftLM(load_native_model(models.gguf_of(DRAFTER, TEST_HOME, progress=False)))
-    lm.prune_head = False  # the numerics tests compare whole logit rows; the pruned head has its own test
-    return lm, tok
+    # the numerics tests compare whole logit rows; the pruned head has its own test
+    return whole_head(load_native_model(models.gguf_of(DRAFTER, TEST_HOME, progress=False))), tok
+
+
+def whole_head(weights) -> NativeDraftLM:
+    """A native drafter whose steps take the whole LM head (the default takes the kept rows only)."""
+    lm = NativeDraftLM(weights)
+    lm.prune_head = False
+    return lm
 
 
 @contextmanager
@@ -304,12 +310,6 @@ def test_the_kept_index_of_the_gguf_loads_the_same_weights(native, tmp_path):
     lm.reset()
     parsed = lm.logits_for(ids).clone()
     index_dir = tmp_path / "gguf-index"
-
-    def whole_head(weights) -> NativeDraftLM:  # the fixture's lm steps on the whole head
-        lm = NativeDraftLM(weights)
-        lm.prune_head = False
-        return lm
-
     first = whole_head(load_native_model(gguf, index_dir))
     kept = list(index_dir.glob("*.json"))
     assert len(kept) == 1

@@ -618,9 +618,10 @@ struct Model {
     rows->ids.assign(id, id + n);
     rows->w = head;
     rows->w.bytes = torch::empty({n * head.row_bytes}, torch::kUInt8);
-    rows->w.base = rows->w.bytes.data_ptr<uint8_t>();
+    uint8_t* out = rows->w.bytes.data_ptr<uint8_t>();
+    rows->w.base = out;
     rows->w.out = n;
-    for (int64_t i = 0; i < n; ++i) std::memcpy(rows->w.bytes.data_ptr<uint8_t>() + i * head.row_bytes, head.row(id[i]), head.row_bytes);
+    for (int64_t i = 0; i < n; ++i) std::memcpy(out + i * head.row_bytes, head.row(id[i]), head.row_bytes);
     return rows;
   }
 
