@@ -99,7 +99,8 @@ def test_the_native_kernels_build_is_part_of_the_fingerprint():
 
 @contextmanager
 def fresh_head_rows(home) -> Iterator[None]:
-    """The process's native drafter weights with the kept head rows of a fresh home (the first third)."""
+    """The process's native drafter weights with the fewest kept head rows a fresh home can start from: the
+    first third of the ids, a vocabulary's base when no set ships for it (the shipped set covers more)."""
     from omnidraft import runtime
     from omnidraft.drafter.native_lm import HeadVocab
 

@@ -13,6 +13,7 @@ import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import numpy as np
 import pytest
 import torch
 from conftest import DRAFTER, TEST_HOME, check_drop, greedy_with_backend, last_logits, long_document
@@ -624,6 +625,46 @@ def test_the_kept_head_rows_are_kept_in_the_home_and_a_file_that_does_not_fit_is
         stuck.add([99])
         stuck.save()  # one line, no error
         assert "could not keep the drafter's head rows" in capsys.readouterr().err
+
+
+def test_a_vocabulary_with_a_shipped_set_starts_from_it_and_one_without_from_the_first_third(tmp_path, monkeypatch):
+    """``shipped_base``: the set under ``head_rows/`` named by the vocabulary's key is a fresh home's base; no
+    file, a file of another size, or a GGUF without a token list falls back to the first third."""
+    from omnidraft.drafter import native_lm
+    from omnidraft.drafter.native_lm import HeadVocab, head_rows_file, shipped_base, vocab_key
+
+    monkeypatch.setattr(native_lm, "HEAD_ROWS_DIR", tmp_path)
+    key = vocab_key([b"a", b"bc"])
+    assert key != vocab_key([b"ab", b"c"]) and key != vocab_key([b"a", b"bc", b""])  # lengths are part of it
+    assert shipped_base(key, 100) is None and shipped_base("", 100) is None
+    wanted = np.zeros(100, dtype=bool)
+    wanted[[0, 5, 60, 99]] = True
+    head_rows_file(key).write_bytes(np.packbits(wanted).tobytes())
+    base = shipped_base(key, 100)
+    assert base is not None and (base == wanted).all()
+    assert shipped_base(key, 200) is None  # another vocabulary's size
+    vocab = HeadVocab(None, 100, base)
+    assert vocab.kept.sum() == 4 and vocab.kept[99] and not vocab.kept[1]
+    vocab.add([1])
+    assert not base[1]  # the set grows on a copy: the shipped mask stays as read
+    with pytest.raises(ValueError, match="a base of"):
+        HeadVocab(None, 50, base)
+
+
+def test_the_builtin_drafter_ships_a_set_that_keeps_common_late_merged_words(native):
+    """The builtin drafter's GGUF names its vocabulary, a set ships for it (so a wheel must carry it), and that
+    set keeps the first third of the ids and common words it misses ("tuple", " TODO"), for a few percent more rows."""
+    from omnidraft.drafter.native_lm import head_rows_file, shipped_base
+
+    lm, tok = native
+    weights = lm.weights
+    assert len(weights.vocab_key) == 64 and head_rows_file(weights.vocab_key).exists()
+    kept, fresh = weights.head_vocab.kept, shipped_base(weights.vocab_key, weights.vocab_size)
+    third = weights.vocab_size // 3
+    assert fresh is not None and fresh[:third].all() and third < fresh.sum() < 1.1 * third
+    for word in ("tuple", " TODO"):
+        (late,) = tok.encode(word)
+        assert late >= third and fresh[late] and kept[late]
 
 
 def test_the_long_reads_are_chosen_by_timing_them_once_per_process(native):

@@ -19,6 +19,7 @@ SmolLM2 is); :func:`load_native_model` says why any other is not.
 
 from __future__ import annotations
 
+import hashlib
 import statistics
 import threading
 import time
@@ -35,6 +36,7 @@ from omnidraft.kv import common_prefix_len
 SUPPORTED_TYPES = {"Q4_1": 3, "Q8_0": 8}  # name -> ggml type id, what qdraft.cpp reads
 SLOTS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")  # qdraft.cpp's order
 READ_CHUNK = 256  # rows per forward when reading a long context (bounds the scratch memory)
+HEAD_ROWS_DIR = Path(__file__).parent / "head_rows"  # shipped starting sets, by vocabulary (scripts/rank_head_rows.py)
 
 
 class NativeUnsupported(RuntimeError):
@@ -53,6 +55,7 @@ class NativeModel:
     max_positions: int
     path: Path
     head_vocab: HeadVocab | None = None  # the head's kept rows (None: every step takes the whole head)
+    vocab_key: str = ""  # names the GGUF's token list (``vocab_key``): a shipped head-row set is made per vocabulary
 
     @property
     def linear_shapes(self) -> dict[str, tuple[int, int]]:
@@ -90,16 +93,17 @@ class _GgufIndex:
 
     fields: dict
     tensors: dict[str, _Tensor]
+    vocab: str = ""  # ``vocab_key`` of the token list ("" where the file has none)
 
     @classmethod
     def load(cls, gguf: Path, memo_dir: Path | None) -> _GgufIndex:
         from omnidraft.fsutil import file_memo
 
-        doc = file_memo(gguf, memo_dir, ("fields", "tensors"), lambda: cls._read(gguf))
+        doc = file_memo(gguf, memo_dir, ("fields", "tensors", "vocab"), lambda: cls._read(gguf))
         fields, tensors = doc["fields"], doc["tensors"]
         file = np.memmap(gguf, mode="r")
         return cls(fields, {name: _Tensor(name, kind, tuple(shape), offset, n_bytes, file)
-                            for name, kind, shape, offset, n_bytes in tensors})
+                            for name, kind, shape, offset, n_bytes in tensors}, doc["vocab"])
 
     @staticmethod
     def _read(gguf: Path) -> dict:
@@ -113,12 +117,28 @@ class _GgufIndex:
                 fields[key] = value.tobytes().decode() if field.types[0] == GGUFValueType.STRING else value[0].item()
         tensors = [[t.name, t.tensor_type.name, [int(d) for d in t.shape], int(t.data_offset), int(t.n_bytes)]
                    for t in reader.tensors]
-        return {"fields": fields, "tensors": tensors}
+        tokens = reader.fields.get("tokenizer.ggml.tokens")
+        vocab = vocab_key([bytes(tokens.parts[i]) for i in tokens.data]) if tokens is not None else ""
+        return {"fields": fields, "tensors": tensors, "vocab": vocab}
 
     def field(self, key: str):
         if key not in self.fields:
             raise NativeUnsupported(f"the GGUF has no {key}")
         return self.fields[key]
+
+
+def vocab_key(tokens: Sequence[bytes]) -> str:
+    """A name for a token list (sha256 of the tokens, each length-prefixed): two GGUFs of one model, at any
+    quantization, share it, so a set of head rows made for one serves the other."""
+    digest = hashlib.sha256()
+    for token in tokens:
+        digest.update(len(token).to_bytes(4, "little") + token)
+    return digest.hexdigest()
+
+
+def head_rows_file(key: str) -> Path:
+    """Where the starting set of head rows shipped for vocabulary ``key`` lives (it may not exist)."""
+    return HEAD_ROWS_DIR / f"{key[:16]}.bits"
 
 
 def _blocks(tensor: _Tensor) -> tuple[torch.Tensor, int]:
@@ -171,26 +191,43 @@ def load_native_model(gguf: str | Path, index_dir: Path | None = None) -> Native
     context = int(index.field("llama.context_length"))
     choose_long_reads(model, vocab)
     return NativeModel(model, GgufShape(arch, n_layers, n_head, n_kv), vocab, n_embd, n_ff, context, Path(gguf),
-                       HeadVocab(model, vocab))
+                       HeadVocab(model, vocab, shipped_base(index.vocab, vocab)), index.vocab)
+
+
+def shipped_base(key: str, vocab: int) -> np.ndarray | None:
+    """The starting head rows shipped for this vocabulary (a mask), or None: none ships, or it does not fit."""
+    if not key:
+        return None
+    try:
+        bits = np.unpackbits(np.frombuffer(head_rows_file(key).read_bytes(), dtype=np.uint8))
+    except OSError:
+        return None
+    return bits[:vocab].astype(bool) if len(bits) == (vocab + 7) // 8 * 8 else None
 
 
 class HeadVocab:
     """Which of the LM head's rows a drafter step computes: FR pruning (Algorithm 3 of the RDK paper, after
-    FR-Spec), with the frequency ranking replaced by what this home has seen.
+    FR-Spec), a frequency-ranked base grown by what this home has seen.
 
     Why: after each verify the target's weights have pushed the drafter's out of the CPU's caches, so a drafter
     step streams its ~96 MB from memory, and the tied head is ~30 MB of it, for 49,152 tokens of which a text
-    uses a few thousand. Kept: the first third of the ids (a BPE vocabulary's earliest merges, its most frequent
-    pairs) and every token the drafter has read in this home (the prompts and the target's outputs), so a
-    Chinese text's byte-level tokens, or a codebase's identifiers, are kept once they occur. Steps then give
+    uses a few thousand. Kept: a base of about a third of the vocabulary, and every token the drafter has read in this
+    home (the prompts and the target's outputs), so a Chinese text's byte-level tokens, or a codebase's
+    identifiers, are kept once they occur. Steps then give
     -inf for the other ids: the drafter cannot propose them, which costs acceptance only where its top token
     is one the home never wrote (the verifier keeps the output exact either way; docs/performance.md measures
-    how often). The set only grows; it is kept in the home between processes (``keep_at``)."""
+    how often). The set only grows; it is kept in the home between processes (``keep_at``).
 
-    def __init__(self, model, vocab: int, base: int | None = None) -> None:
+    The base is the first third of the ids (a BPE vocabulary's earliest merges, its most frequent pairs), and,
+    where a set ships for the drafter's vocabulary (``head_rows/``, scripts/rank_head_rows.py), the tokens the
+    drafter put first in a sample of its own text: whole words merged late, such as " merge", which the first
+    third misses."""
+
+    def __init__(self, model, vocab: int, base: np.ndarray | None = None) -> None:
         self._model = model
-        self.kept = np.zeros(vocab, dtype=bool)
-        self.kept[: vocab // 3 if base is None else base] = True
+        if base is not None and base.shape != (vocab,):
+            raise ValueError(f"a base of {base.shape} rows for a vocabulary of {vocab}")
+        self.kept = base.astype(bool) if base is not None else np.arange(vocab) < vocab // 3
         self.version = 0  # grows with every change of ``kept``
         self.path: Path | None = None
         self._rows, self._rows_version = None, -1
