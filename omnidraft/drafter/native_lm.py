@@ -211,17 +211,17 @@ class HeadVocab:
 
     Why: after each verify the target's weights have pushed the drafter's out of the CPU's caches, so a drafter
     step streams its ~96 MB from memory, and the tied head is ~30 MB of it, for 49,152 tokens of which a text
-    uses a few thousand. Kept: a base of about a third of the vocabulary, and every token the drafter has read in this
-    home (the prompts and the target's outputs), so a Chinese text's byte-level tokens, or a codebase's
-    identifiers, are kept once they occur. Steps then give
-    -inf for the other ids: the drafter cannot propose them, which costs acceptance only where its top token
-    is one the home never wrote (the verifier keeps the output exact either way; docs/performance.md measures
-    how often). The set only grows; it is kept in the home between processes (``keep_at``).
+    uses a few thousand. Kept: a base of about a third of the vocabulary, and every token the drafter has read
+    in this home (the prompts and the target's outputs), so a Chinese text's byte-level tokens, or a
+    codebase's identifiers, are kept once they occur. Steps then give -inf for the other ids: the drafter
+    cannot propose them, which costs acceptance only where its top token is one the home never wrote (the
+    verifier keeps the output exact either way; docs/performance.md measures how often). The set only grows;
+    it is kept in the home between processes (``keep_at``).
 
     The base is the first third of the ids (a BPE vocabulary's earliest merges, its most frequent pairs), and,
     where a set ships for the drafter's vocabulary (``head_rows/``, scripts/rank_head_rows.py), the tokens the
-    drafter put first in a sample of its own text: whole words merged late, such as " merge", which the first
-    third misses."""
+    drafter put first in a sample of its own text: common words merged late, such as "tuple" or " TODO",
+    which the first third misses."""
 
     def __init__(self, model, vocab: int, base: np.ndarray | None = None) -> None:
         self._model = model
