@@ -102,13 +102,31 @@ def _native_512(layer: torch.nn.Linear, weight: torch.Tensor, flat: torch.Tensor
 
 
 _NATIVE = (_native(True), _native(False))
+_NATIVE_MAX_ROWS = 16
+
+
+def _in_passes(kernel: Kernel) -> Kernel:
+    """``kernel`` (a native one, at most _NATIVE_MAX_ROWS rows a pass) over a short prompt's read in
+    even passes (17 rows: 9 + 8). Why: torch's GEMMs handle 17-32 rows about as badly as a verify's
+    few (on an AMD EPYC a 17-row read of the 1.5B cost 2.4 verifies of 16), while a native pass
+    reads the weights once for up to 16 rows; at 64 rows and more a GEMM catches up, and the timing
+    keeps whichever is faster. Each row keeps the native kernel's bits (they do not depend on the
+    other rows of a pass)."""
+    def run(layer: torch.nn.Linear, weight: torch.Tensor, flat: torch.Tensor) -> torch.Tensor:
+        rows = flat.shape[0]
+        size = -(-rows // -(-rows // _NATIVE_MAX_ROWS))  # ceil(rows / passes), passes = ceil(rows / 16)
+        return torch.cat([kernel(layer, weight, flat[i: i + size]) for i in range(0, rows, size)])
+    run.__name__ = f"{kernel.__name__}_passes"
+    return run
+
+
+_IN_PASSES = {kernel: _in_passes(kernel) for kernel in (*_NATIVE, _native_512)}
 
 
 def _native_kernels() -> list[Kernel]:
     """The native kernels built and loadable here (every one gives a row the same bits)."""
     return ([*_NATIVE] if kernels.linear_rows() is not None else []) + (
         [_native_512] if kernels.linear_rows_512() is not None else [])
-_NATIVE_MAX_ROWS = 16
 _PROMPT_CLASS = 32  # prompt reads of 17..32 rows share a choice, 33..SKINNY_MAX_ROWS another
 PROMPT_CLASSES = (_PROMPT_CLASS, SKINNY_MAX_ROWS)  # the row classes above a verify's (see rows_class)
 _COLD_BYTES = 128 * 2**20  # more than a CPU's last-level cache: weights read from memory, as in a decode step
@@ -117,8 +135,8 @@ _COLD_BYTES = 128 * 2**20  # more than a CPU's last-level cache: weights read fr
 def _candidates(layer: torch.nn.Linear, flat: torch.Tensor, has_t: bool) -> list[Kernel]:
     rows = flat.shape[0]
     out = [_f_linear, _weights_first] + ([_transposed] if has_t else []) + ([_two_rows] if rows == 1 else [])
-    if rows <= _NATIVE_MAX_ROWS and flat.dtype == torch.float32:
-        out += _native_kernels()
+    if flat.dtype == torch.float32:
+        out += _native_kernels() if rows <= _NATIVE_MAX_ROWS else [_IN_PASSES[k] for k in _native_kernels()]
     return out
 
 
@@ -142,12 +160,15 @@ def _timing_weights(layer: torch.nn.Linear, has_t: bool) -> list[torch.Tensor]:
     return [torch.ones_like(weight) for _ in range(min(64, -(-_COLD_BYTES // size)))]
 
 
+CANDIDATES = 2  # the candidate set's version (2: native passes for prompt reads): choices kept under another were
+# timed without some candidate, so they are timed again
 _CHOICE: dict[tuple, Kernel] = {}  # (out, in, rows, dtype, has transposed copy) -> fastest
 _kept: dict = {}  # "path" and "machine" of the file the choices are kept in (see keep_choices_at)
 
 
 def _kernels_by_name() -> dict[str, Kernel]:
-    return {k.__name__: k for k in (_f_linear, _weights_first, _transposed, _two_rows, *_NATIVE, _native_512)}
+    return {k.__name__: k for k in (_f_linear, _weights_first, _transposed, _two_rows, *_NATIVE, _native_512,
+                                    *_IN_PASSES.values())}
 
 
 def rows_class(rows: int) -> int:
@@ -223,6 +244,7 @@ def keep_choices_at(path, machine: str) -> None:
     choices are timed again, which is all it costs."""
     import json
 
+    machine = f"{machine}; candidates {CANDIDATES}"
     _kept.update(path=path, machine=machine)
     try:
         doc = json.loads(path.read_text())
@@ -238,8 +260,9 @@ def keep_choices_at(path, machine: str) -> None:
         except (ValueError, AttributeError):
             continue
         kernel = names.get(name)
-        native = (*_NATIVE, _native_512)
-        if kernel is not None and isinstance(key[3], torch.dtype) and (kernel not in native or kernel in _native_kernels()):
+        native = {k: k for k in (*_NATIVE, _native_512)} | {passes: k for k, passes in _IN_PASSES.items()}
+        if kernel is not None and isinstance(key[3], torch.dtype) and (
+                kernel not in native or native[kernel] in _native_kernels()):
             _CHOICE.setdefault(key, kernel)
 
 

@@ -74,6 +74,40 @@ def test_every_candidate_kernel_computes_f_linear_and_the_choice_is_kept(rows):
     assert fastlinear._choose(model.head, x) is chosen is fastlinear._CHOICE[fastlinear._key((50, 32), rows, torch.float32, True)]
 
 
+@pytest.mark.skipif(kernels.linear_rows() is None, reason="the native kernels are not built on this machine")
+@pytest.mark.parametrize("rows", [17, 32, 33, 64])
+def test_a_prompt_read_may_run_the_native_kernel_in_passes_with_each_rows_own_bits(rows):
+    """Reads of 17-64 rows (a chat turn, a short prompt) may take the native kernel in passes of at
+    most 16 rows: the product is F.linear's, and every row has the bits the kernel gives it alone,
+    so a row's value does not depend on how many rows were read with it."""
+    torch.manual_seed(2)
+    layer = torch.nn.Linear(96, 40, bias=False)
+    x = torch.randn(rows, 96)
+    passes = [k for k in fastlinear._candidates(layer, x, has_t=False) if k.__name__.endswith("_passes")]
+    assert len(passes) == len(fastlinear._native_kernels()) >= 1
+    assert not any(k.__name__.endswith("_passes") for k in fastlinear._candidates(layer, x[:16], has_t=False))
+    expected = torch.nn.functional.linear(x, layer.weight)
+    for kernel, native in zip(passes, fastlinear._native_kernels()):
+        got = kernel(layer, layer.weight, x)
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+        alone = torch.cat([native(layer, layer.weight, x[i: i + 1]) for i in range(rows)])
+        assert torch.equal(got, alone)
+
+
+def test_choices_kept_before_the_candidates_changed_are_timed_again(tmp_path, monkeypatch):
+    """A home's kernel choices from before a new candidate never timed it: they are not reused."""
+    monkeypatch.setattr(fastlinear, "_CHOICE", {})
+    monkeypatch.setattr(fastlinear, "_kept", {})
+    path = tmp_path / "kernels.json"
+    key = fastlinear._key_text(fastlinear._key((50, 32), 32, torch.float32, True))
+    path.write_text(json.dumps({"machine": "cpu A", "choices": {key: "_f_linear"}}))  # as an older version wrote it
+    fastlinear.keep_choices_at(path, "cpu A")
+    assert fastlinear._CHOICE == {}
+    path.write_text(json.dumps({"machine": f"cpu A; candidates {fastlinear.CANDIDATES}", "choices": {key: "_f_linear"}}))
+    fastlinear.keep_choices_at(path, "cpu A")
+    assert list(fastlinear._CHOICE.values()) == [fastlinear._f_linear]
+
+
 def test_kernel_choices_are_kept_per_machine_for_the_next_process(tmp_path, monkeypatch):
     """A one-shot CLI run would otherwise time every (shape, rows) again on its first requests."""
     monkeypatch.setattr(fastlinear, "_CHOICE", {})
