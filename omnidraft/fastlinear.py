@@ -107,11 +107,10 @@ _NATIVE_MAX_ROWS = 16
 
 def _in_passes(kernel: Kernel) -> Kernel:
     """``kernel`` (a native one, at most _NATIVE_MAX_ROWS rows a pass) over a short prompt's read in
-    even passes (17 rows: 9 + 8). Why: torch's GEMMs handle 17-32 rows about as badly as a verify's
-    few (on an AMD EPYC a 17-row read of the 1.5B cost 2.4 verifies of 16), while a native pass
-    reads the weights once for up to 16 rows; at 64 rows and more a GEMM catches up, and the timing
-    keeps whichever is faster. Each row keeps the native kernel's bits (they do not depend on the
-    other rows of a pass)."""
+    even passes (17 rows: 9 + 8). Why: torch's GEMMs can handle a few dozen rows about as badly as a
+    verify's few (docs/performance.md), while a native pass reads the weights once for up to 16 rows;
+    towards 64 rows a GEMM catches up, and the timing keeps whichever is faster. Each row keeps the
+    native kernel's bits (they do not depend on the other rows of a pass)."""
     def run(layer: torch.nn.Linear, weight: torch.Tensor, flat: torch.Tensor) -> torch.Tensor:
         rows = flat.shape[0]
         size = -(-rows // -(-rows // _NATIVE_MAX_ROWS))  # ceil(rows / passes), passes = ceil(rows / 16)
