@@ -6,6 +6,9 @@ row, although the weights are read once either way. Computing the same product a
 streams the weights through once, as in the one-row case. The drafter's hot path is the one-row
 case, where ``x @ W_t`` with a transposed copy of the LM head can beat ``F.linear``.
 
+A short prompt's read (a chat turn: up to SKINNY_MAX_ROWS rows) is skinny too, and may run the native
+one-pass kernel in passes of at most 16 rows (:func:`_in_passes`).
+
 Which kernel wins depends on the CPU (on one, F.linear is the fastest for two rows; on another a
 one-column product runs as a single-threaded GEMV and two rows are faster than one; the measured
 cases are in NOTES.md and docs/performance.md). So each (weight shape, row class) pair picks its
