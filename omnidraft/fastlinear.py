@@ -255,6 +255,7 @@ def keep_choices_at(path, machine: str) -> None:
     if not isinstance(doc, dict) or doc.get("machine") != machine or not isinstance(doc.get("choices"), dict):
         return
     names = _kernels_by_name()
+    native = {k: k for k in (*_NATIVE, _native_512)} | {passes: k for k, passes in _IN_PASSES.items()}
     for text, name in doc["choices"].items():
         try:
             out, inp, rows, dtype, has_t, threads = str(text).split(",")
@@ -262,7 +263,6 @@ def keep_choices_at(path, machine: str) -> None:
         except (ValueError, AttributeError):
             continue
         kernel = names.get(name)
-        native = {k: k for k in (*_NATIVE, _native_512)} | {passes: k for k, passes in _IN_PASSES.items()}
         if kernel is not None and isinstance(key[3], torch.dtype) and (
                 kernel not in native or native[kernel] in _native_kernels()):
             _CHOICE.setdefault(key, kernel)

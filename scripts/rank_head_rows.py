@@ -1,4 +1,4 @@
-"""Usage: OMNIDRAFT_HOME=... .venv/bin/python scripts/rank_head_rows.py [--tokens 48000] [--drafter builtin:smollm2-135m]
+"""Usage: OMNIDRAFT_HOME=... .venv/bin/python scripts/rank_head_rows.py [--tokens 64000] [--drafter builtin:smollm2-135m]
 
 Writes the starting set of head rows that ships for a drafter's vocabulary
 (``omnidraft/drafter/head_rows/<vocab key>.bits``, read by ``native_lm.HeadVocab``).
@@ -29,6 +29,7 @@ from omnidraft import models
 from tqdm.auto import tqdm
 
 from omnidraft.drafter.native_lm import NativeDraftLM, head_rows_file, load_native_model
+from omnidraft.fsutil import atomic_write
 
 CHAT = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
 # Written for this script, unlike any prompt set the bench reads: every kind of text a user may ask for.
@@ -106,7 +107,7 @@ def main() -> None:
     kept = base_set(counts)
     out = head_rows_file(weights.vocab_key)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_bytes(np.packbits(kept).tobytes())
+    atomic_write(out, np.packbits(kept).tobytes())
     late = int(kept[lm.vocab_size // 3:].sum())
     print(f"{counts.sum()} positions, {int((counts > 0).sum())} distinct top tokens, {late} past the first third, "
           f"{int(kept.sum())} rows kept; "

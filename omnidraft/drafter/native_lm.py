@@ -196,10 +196,14 @@ def load_native_model(gguf: str | Path, index_dir: Path | None = None) -> Native
 
 def shipped_base(key: str, vocab: int) -> np.ndarray | None:
     """The starting head rows shipped for this vocabulary (a mask), or None: none ships, or it does not fit."""
-    if not key:
-        return None
+    return read_mask(head_rows_file(key), vocab) if key else None
+
+
+def read_mask(path: Path, vocab: int) -> np.ndarray | None:
+    """The row mask packed in ``path`` (``np.packbits`` of ``vocab`` booleans), or None: no file, or one
+    whose length does not fit this vocabulary."""
     try:
-        bits = np.unpackbits(np.frombuffer(head_rows_file(key).read_bytes(), dtype=np.uint8))
+        bits = np.unpackbits(np.frombuffer(path.read_bytes(), dtype=np.uint8))
     except OSError:
         return None
     return bits[:vocab].astype(bool) if len(bits) == (vocab + 7) // 8 * 8 else None
@@ -261,14 +265,11 @@ class HeadVocab:
         """Start from the rows kept at ``path`` and write them there when they grew (``save``). A file that
         does not fit this vocabulary is ignored: the set starts again, as on a fresh home."""
         self.path = path
-        try:
-            bits = np.unpackbits(np.frombuffer(path.read_bytes(), dtype=np.uint8))
-        except OSError:
-            return
-        if len(bits) != (len(self.kept) + 7) // 8 * 8:
+        kept = read_mask(path, len(self.kept))
+        if kept is None:
             return
         with self._lock:
-            self.kept |= bits[: len(self.kept)].astype(bool)
+            self.kept |= kept
             self.version += 1
             self._saved_version = self.version
 
