@@ -261,7 +261,8 @@ def test_streaming_verification_gives_the_targets_own_output(paced_server, local
     """Drafts streamed up while the server decodes: the tokens are the target's own (greedy, and the
     same sample for the same seed), and drafts that arrived in time were kept. Lookup is off, so every
     verified forward verified the device's drafter (the server's own lookup has a test below). The
-    server holds memory-bound costs (:func:`memory_bound_costs`)."""
+    server holds memory-bound costs (:func:`memory_bound_costs`), so after a correction its forward
+    waits for the device's next draft (a few drafter tokens away, against a quarter-second step)."""
     memory_bound_costs(paced_server.service, monkeypatch)
     client = remote(paced_server, tmp_path, protocol="stream")
     through, alone = decoder_for(client, real_models), SpeculativeDecoder(local_target)
@@ -274,6 +275,7 @@ def test_streaming_verification_gives_the_targets_own_output(paced_server, local
         verified += through.stats.steps - through.stats.plain_steps
     assert accepted > 0 and forwards < tokens  # the device's drafts saved server forwards
     assert verified <= client.timely_forwards < forwards  # a forward verifies only a draft that had arrived
+    assert client.waited_s > 0  # some forwards waited for the device's draft after a correction
     assert 0 < client.bytes_sent / tokens < 200  # token ids, never logit rows
     client.close()
 

@@ -93,6 +93,10 @@ def write_results(out_dir: Path, meta: dict, summary: dict[str, dict]) -> list[P
         md += "\nServer forwards that began with a usable draft (streaming verification; in brackets, those that " + \
               "verified a fork of the draft, a correction the device foresaw): " + \
               ", ".join(f"`{m}` {share:.0%} ({summary[m].get('forked_forward_share') or 0:.0%})" for m, share in timely.items()) + "\n"
+        waits = {m: summary[m].get("server_wait_s") or 0.0 for m in timely}
+        if any(waits.values()):
+            md += "\nSeconds the server waited for the device's next draft (after a correction, where a wait pays): " + \
+                  ", ".join(f"`{m}` {s:.1f} s" for m, s in waits.items()) + "\n"
     if "target-sample" in summary:
         md += "\nThe sampling modes' speedups are against `target-sample`: the target alone, sampling at the same temperature.\n"
     if meta.get("turns"):

@@ -97,6 +97,7 @@ class PromptRun:
     branch_steps: int = 0  # steps that kept a branch
     forked_forwards: int = 0  # a server's stream forwards that verified a fork of the device's draft (a correction it foresaw)
     device_token_s: float | None = None  # a streaming device's drafter, seconds per token (its drafting is off the steps' clock)
+    server_wait_s: float = 0.0  # a server's stream forwards' waits for the device's draft
 
     @property
     def tokens_per_s(self) -> float:
@@ -157,6 +158,7 @@ def summarize(runs: dict[str, list[PromptRun]], baseline: str | None = "target",
             # streaming verification: the share of server forwards a draft reached in time
             "timely_forward_share": sum(r.timely_forwards for r in mode_runs) / forwards if forwards else None,
             "forked_forward_share": sum(r.forked_forwards for r in mode_runs) / forwards if forwards else None,
+            "server_wait_s": sum(r.server_wait_s for r in mode_runs),
             "steps": sum(r.steps for r in mode_runs),
             "branch_rows": sum(r.branch_rows for r in mode_runs),
             "branch_steps": sum(r.branch_steps for r in mode_runs),
@@ -219,6 +221,7 @@ def our_mode(decoder: SpeculativeDecoder, config: DecodeConfig) -> ModeFn:
         fresh(decoder)
         sent = getattr(decoder.target, "bytes_sent", 0) + getattr(decoder.target, "bytes_received", 0)
         timely, forked = getattr(decoder.target, "timely_forwards", 0), getattr(decoder.target, "forked_forwards", 0)
+        waited = getattr(decoder.target, "waited_s", 0.0)
         token_ids, times, start = [], [], time.perf_counter()
         for chunk in decoder.stream_ids(prompt_ids, config):
             now = time.perf_counter() - start
@@ -233,7 +236,8 @@ def our_mode(decoder: SpeculativeDecoder, config: DecodeConfig) -> ModeFn:
                                                  "bridge": s.bridge_s, "other": s.other_s},
                          s.steps, s.plain_steps, wire, s.lookup_steps, s.lookup_proposed, s.lookup_accepted, times,
                          getattr(decoder.target, "timely_forwards", 0) - timely, s.branch_rows, s.branch_steps,
-                         getattr(decoder.target, "forked_forwards", 0) - forked, device_token_s(decoder))
+                         getattr(decoder.target, "forked_forwards", 0) - forked, device_token_s(decoder),
+                         getattr(decoder.target, "waited_s", 0.0) - waited)
 
     run.decoder = decoder  # what the draft policy measured and chose, for the report
     return run

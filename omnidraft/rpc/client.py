@@ -89,6 +89,7 @@ class RemoteTarget:
         self.bytes_sent = self.bytes_received = self.calls = 0
         self.timely_forwards = 0  # stream forwards that began with a usable draft (verified or not)
         self.forked_forwards = 0  # stream forwards that verified a fork of the device's draft (a correction it foresaw)
+        self.waited_s = 0.0  # seconds stream forwards waited on the server for the device's draft
         self.fork_messages = 0  # drafts sent up with forks (the device forks its line in the time it would wait)
         self.pace = Pace()  # the server's forwards and the device's drafter, timed across requests
         info = self._call(self.stub.Info, pb.InfoRequest())

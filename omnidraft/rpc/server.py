@@ -164,8 +164,9 @@ class TargetService(services.TargetServicer):
 
     def _decode(self, r, context, drafts: Drafts | None):
         """Decode ``r.max_new_tokens`` tokens of a session, one message per forward. With ``drafts``
-        (a Decode stream) each forward verifies what is usable of the device's latest draft; the
-        loop never waits for one (no draft: a plain step). Every position's randomness is
+        (a Decode stream) each forward verifies what is usable of the device's latest draft; with
+        none, it waits for the device's next only where that is expected to pay (:class:`Patience`),
+        else it makes a plain step. Every position's randomness is
         ``step_generator(seed, position)``, so the tokens do not depend on the drafts."""
         try:
             self._check_generate(r)
@@ -185,6 +186,7 @@ class TargetService(services.TargetServicer):
         # the line's acceptance and the forks' apart: a fork goes on from the drafter's runner-up, where it was
         # less sure, and its drafts are kept less often; mixed in, they would shorten the line's verifies
         plan, fork_plan, forwards = self.budget.session(), self.budget.session(FORK_PRIOR), 0
+        patience, rest = Patience(self.budget), False
         lookup = ServerLookup(self.budget, ids, self.special_ids) if r.lookup else None
         self.batcher.join()
         try:
@@ -192,11 +194,16 @@ class TargetService(services.TargetServicer):
                 if drafts is not None and drafts.error:
                     context.abort(grpc.StatusCode.INVALID_ARGUMENT, drafts.error)
                 room = r.max_new_tokens - new - 1  # proposals that fit: the last token is the target's
-                usable, forked = drafts.usable(ids, min(k_max, room)) if drafts is not None and room > 0 else ([], False)
+                available = min(k_max, room)
+                usable, forked = drafts.usable(ids, available) if drafts is not None and room > 0 else ([], False)
+                waited = 0.0
+                if (not usable and forwards and drafts is not None and room > 0 and not rest
+                        and not (lookup and lookup.matches(available))):
+                    usable, forked, waited = patience.wait(drafts, ids, available, plan)  # the device's next draft may be near
                 chooser = fork_plan if forked else plan
                 proposed = usable[: chooser.choose(len(usable))]
                 if not proposed and lookup is not None and room > 0:  # no paying draft from the device
-                    proposed = lookup.propose(min(k_max, room))
+                    proposed = lookup.propose(available)
                     chooser = lookup.plan if proposed else chooser
                 logits, busy_s = self.batcher.score(session.target, ids + proposed, len(proposed))
                 logits = _readable(logits, config, r.logprobs_k)
@@ -211,7 +218,8 @@ class TargetService(services.TargetServicer):
                 reply = pb.Emitted(position=len(ids), tokens=emitted, proposed=proposed,
                                    accepted=min(accepted, len(emitted)), done=done, busy_ms=busy_ms,
                                    usable=len(usable), rest=rest, server_lookup=lookup is not None and chooser is lookup.plan,
-                                   forked=chooser is fork_plan and bool(proposed), rest_forks=rest_forks)
+                                   forked=chooser is fork_plan and bool(proposed), rest_forks=rest_forks,
+                                   waited_ms=waited * 1000)
                 if r.logprobs_k:
                     reply.rows.extend(_rows(logits[: len(emitted)], emitted, columns, r.logprobs_k))
                 ids.extend(emitted)
@@ -551,6 +559,22 @@ class ProposalBudget:
             cost = self._cost()
             return int(cost(1) - cost(0) <= room * cost(0))
 
+    def worth_waiting(self, acceptance: AcceptanceStats, available: int) -> tuple[int, float]:
+        """The k a draft of ``available`` tokens would be verified at, and the longest wait for it that
+        still pays (0: none), by a renewal argument over one correction of the device's line.
+
+        After a forward that corrected the line, the device's draft from the correction is a lag L
+        away. Waiting for it: E(k) tokens in L + V(k). Not waiting: a plain step (V(0)) emits a token,
+        which the draft's first token then matches with probability a_1, and the rest of the draft is
+        verified (V(k - 1)): the same E(k) tokens on average, in V(0) + a_1 V(k - 1). So a wait pays
+        while L < V(0) + a_1 V(k - 1) - V(k), never longer than one plain step."""
+        k = self.best(acceptance, available)
+        if not k:
+            return 0, 0.0
+        with self.lock:
+            cost = self._cost()
+            return k, max(cost(0) + acceptance.rate(1) * cost(k - 1) - cost(k), 0.0)
+
     def lost_steps(self, accepted: int, seconds: float) -> float:
         """Plain steps' worth of time a verifying forward lost against plain steps emitting its
         ``accepted`` + 1 tokens (negative: it won)."""
@@ -598,6 +622,37 @@ class SessionBudget:
         self.acceptance.update(k, accepted)
 
 
+class Patience:
+    """How long one stream's forward waits for the device's draft when none it has is usable: after
+    a forward that corrected the device's line, the next usable draft is a round trip and a few
+    drafter tokens away. Where that lag is shorter than what a plain step would lose
+    (:meth:`ProposalBudget.worth_waiting`: a near device, a slow target) the forward waits for the
+    draft; elsewhere (a GPU server's millisecond steps, a device a long RTT away) the first wait runs
+    out and the stream steps at once from then on: each wait's lag is measured, and once the lags run
+    past what a wait is worth the stream stops waiting, so a late device costs one wait of less than
+    a plain step per request. The wait is this design's one departure from a server that never
+    waits; the bench reports its seconds (docs/remote.md)."""
+
+    ALPHA = 0.3  # weight of the newest lag
+
+    def __init__(self, budget: ProposalBudget) -> None:
+        self.budget = budget
+        self.lag_s: float | None = None  # seconds from a wait's start to a draft worth verifying
+
+    def wait(self, drafts: Drafts, ids: list[int], available: int, plan: SessionBudget) -> tuple[list[int], bool, float]:
+        """What is usable after waiting up to the paying time for a draft of the length ``plan`` would
+        verify (nothing waited for where that is none), and the seconds waited."""
+        want, worth = self.budget.worth_waiting(plan.acceptance, available)
+        if worth <= 0 or self.lag_s is not None and self.lag_s >= worth:
+            return [], False, 0.0
+        start = time.monotonic()
+        usable, forked = drafts.wait(ids, available, want, worth)
+        waited = time.monotonic() - start
+        lag = waited if len(usable) >= want else max(waited, worth)  # short of it at the deadline: too late
+        self.lag_s = lag if self.lag_s is None else (1 - self.ALPHA) * self.lag_s + self.ALPHA * lag
+        return usable, forked, waited
+
+
 class ServerLookup:
     """Prompt lookup on the server (:class:`~omnidraft.sources.lookup.LookupIndex` over the stream's
     context): drafts for the forwards the device's drafts miss, with no round trip and nothing to
@@ -608,6 +663,10 @@ class ServerLookup:
         self.index = LookupIndex(stops=stops)
         self.index.reset(ids)
         self.plan = budget.session()
+
+    def matches(self, k: int) -> bool:
+        """Whether the context has a copy to propose now (before the plan decides whether it pays)."""
+        return bool(self.index.propose(k)[0])
 
     def propose(self, k: int) -> list[int]:
         copied, _ = self.index.propose(k)
@@ -628,8 +687,10 @@ class Drafts:
     def __init__(self, vocab_size: int, limit: int) -> None:
         self.vocab_size, self.limit = vocab_size, limit
         self.lock = threading.Lock()
+        self.changed = threading.Condition(self.lock)  # a draft came, or the device's stream ended
         self.start, self.paths = 0, [[]]  # paths[0]: the main line; the others: the forks, in full from start
         self.error: str | None = None  # a bad message: the stream ends with INVALID_ARGUMENT
+        self.ended = False  # no more drafts will come
 
     def read(self, messages) -> None:
         try:
@@ -643,6 +704,10 @@ class Drafts:
                     return
         except Exception:  # noqa: BLE001 - the stream ended or was cancelled: no more drafts
             return
+        finally:
+            with self.changed:
+                self.ended = True
+                self.changed.notify_all()
 
     def put(self, start: int, tokens: list[int], forks: Sequence[tuple[int, list[int]]] = ()) -> None:
         paths = [tokens] + [tokens[: at - start] + fork for at, fork in forks]
@@ -655,26 +720,44 @@ class Drafts:
         elif any(t < 0 or t >= self.vocab_size for path in paths for t in path):
             self.error = f"token ids must be in [0, {self.vocab_size})"
         if self.error:
+            with self.changed:
+                self.changed.notify_all()
             return
-        with self.lock:
+        with self.changed:
             self.start, self.paths = start, paths
+            self.changed.notify_all()
 
     def usable(self, ids: list[int], k: int) -> tuple[list[int], bool]:
         """Up to ``k`` drafted tokens after ``ids`` along the longest path that agrees with all of
         ``ids`` it covers (what the server emitted meanwhile is trimmed off: a draft that foresaw it
         still counts), and whether that path is a fork. The paths that disagree are dropped."""
         with self.lock:
-            offset = len(ids) - self.start
-            if offset < 0:
-                return [], False
-            told = ids[self.start:]
-            alive = [(i, path[offset:]) for i, path in enumerate(self.paths) if len(path) >= offset and path[:offset] == told]
-            if not alive:
-                self.start, self.paths = len(ids), [[]]
-                return [], False
-            best, rest = max(alive, key=lambda a: (len(a[1]), -a[0]))  # the longest; the main line on a tie
-            self.start, self.paths = len(ids), [rest] + [p for i, p in alive if i != best]
-            return rest[:k], best > 0
+            return self._usable(ids, k)
+
+    def wait(self, ids: list[int], k: int, want: int, timeout: float) -> tuple[list[int], bool]:
+        """:meth:`usable`, once it holds ``want`` tokens, or what it holds after ``timeout`` seconds
+        (or when the device's stream ends or turns out bad)."""
+        deadline = time.monotonic() + timeout
+        with self.changed:
+            while True:
+                usable, forked = self._usable(ids, k)
+                left = deadline - time.monotonic()
+                if len(usable) >= want or left <= 0 or self.ended or self.error:
+                    return usable, forked
+                self.changed.wait(left)
+
+    def _usable(self, ids: list[int], k: int) -> tuple[list[int], bool]:
+        offset = len(ids) - self.start
+        if offset < 0:
+            return [], False
+        told = ids[self.start:]
+        alive = [(i, path[offset:]) for i, path in enumerate(self.paths) if len(path) >= offset and path[:offset] == told]
+        if not alive:
+            self.start, self.paths = len(ids), [[]]
+            return [], False
+        best, rest = max(alive, key=lambda a: (len(a[1]), -a[0]))  # the longest; the main line on a tie
+        self.start, self.paths = len(ids), [rest] + [p for i, p in alive if i != best]
+        return rest[:k], best > 0
 
 
 class Malformed:

@@ -479,6 +479,7 @@ class StreamRequest:
             self.remote.server_ids = ids + tokens
             self.remote.timely_forwards += message.usable > 0
             self.remote.forked_forwards += message.forked
+            self.remote.waited_s += message.waited_ms / 1000
             self.emitted += len(tokens)
             source = (SERVER_LOOKUP if message.server_lookup else DRAFTER if message.forked else
                       device.source_at.get(message.position, DRAFTER) if device is not None else None) if proposed else None
