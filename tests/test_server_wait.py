@@ -61,6 +61,27 @@ def test_a_wait_ends_when_a_draft_of_the_wanted_length_arrives():
     assert time.monotonic() - start < 2.5  # woken by the draft, not the deadline
 
 
+def test_a_wait_ends_when_the_devices_line_stops_growing():
+    """Chunks of one line come every ~10 ms, then none: the wait ends a couple of intervals after the
+    last, with what came, long before its deadline."""
+    drafts = Drafts(VOCAB, LIMIT)
+    ids = [0] * 10
+
+    def device() -> None:
+        for n in range(2, 8, 2):
+            drafts.put(10, list(range(1, n + 1)))
+            time.sleep(0.01)
+
+    thread = threading.Thread(target=device)
+    start = time.monotonic()
+    thread.start()
+    usable, _ = drafts.wait(ids, 8, want=8, timeout=5.0)
+    thread.join()
+    assert usable == [1, 2, 3, 4, 5, 6]
+    assert time.monotonic() - start < 2.5
+    assert drafts.chunk_s is not None and drafts.chunk_s < 1.0
+
+
 def test_a_wait_ends_at_its_deadline_or_when_the_stream_ends():
     drafts = Drafts(VOCAB, LIMIT)
     drafts.put(10, [1])
@@ -75,16 +96,32 @@ def test_a_wait_ends_at_its_deadline_or_when_the_stream_ends():
     assert time.monotonic() - start < 2.5
 
 
-def test_a_device_too_late_to_pay_is_waited_for_once_per_stream():
-    """No draft ever comes: the first wait runs to its bound, and the stream waits no more after it."""
+def test_a_device_too_late_to_pay_is_waited_for_only_until_it_misses_twice():
+    """No draft ever comes: the first waits run to their bound, and after ``MISSES`` of them the
+    stream waits no more."""
     budget, plan = budget_with(lambda k: 0.02, acceptance=0.8)  # a fast target: each wait is short
     patience, drafts = Patience(budget), Drafts(VOCAB, LIMIT)
     _, worth = budget.worth_waiting(plan.acceptance, 8)
     assert worth > 0
-    usable, _, waited = patience.wait(drafts, [0] * 10, 8, plan)
-    assert usable == [] and waited >= worth * 0.9
+    for _ in range(Patience.MISSES):
+        usable, _, waited = patience.wait(drafts, [0] * 10, 8, plan)
+        assert usable == [] and waited >= worth * 0.9
     for _ in range(5):
         assert patience.wait(drafts, [0] * 10, 8, plan) == ([], False, 0.0)
+
+
+def test_a_device_whose_drafts_come_near_the_bound_is_no_longer_waited_for():
+    """Drafts that do come, but each after most of what the wait is worth: it stops waiting."""
+    budget, plan = budget_with(lambda k: 0.05, acceptance=0.8)
+    patience, drafts = Patience(budget), Drafts(VOCAB, LIMIT)
+    _, worth = budget.worth_waiting(plan.acceptance, 8)
+    ids = [0] * 10
+    timer = threading.Timer(0.9 * worth, drafts.put, args=(len(ids), [1] * 8))
+    timer.start()
+    usable, _, waited = patience.wait(drafts, ids, 8, plan)
+    timer.join()
+    assert usable and waited >= 0.85 * worth
+    assert patience.wait(drafts, ids + [1], 8, plan) == ([], False, 0.0)
 
 
 def test_a_device_that_answers_in_time_keeps_being_waited_for():

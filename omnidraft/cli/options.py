@@ -150,8 +150,8 @@ def add_model_options(parser: argparse.ArgumentParser, *, target: bool = True, d
                             "(to measure what a network costs)")
         r.add_argument("--remote-protocol", choices=("stream", "verify"), default="stream",
                        help="stream (default): the server decodes each request in one stream and verifies the "
-                            "drafts the device streams up meanwhile, never waiting for them; verify: one round "
-                            "trip per draft")
+                            "drafts the device streams up meanwhile, waiting for one only where that pays; verify: "
+                            "one round trip per draft")
     if drafter:
         g.add_argument("--drafter-backend", type=text, default="auto",
                        help="what runs the drafter: torch, onnx (the export `omnidraft export` wrote under the home), "

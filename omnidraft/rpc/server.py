@@ -627,29 +627,38 @@ class Patience:
     a forward that corrected the device's line, the next usable draft is a round trip and a few
     drafter tokens away. Where that lag is shorter than what a plain step would lose
     (:meth:`ProposalBudget.worth_waiting`: a near device, a slow target) the forward waits for the
-    draft; elsewhere (a GPU server's millisecond steps, a device a long RTT away) the first wait runs
-    out and the stream steps at once from then on: each wait's lag is measured, and once the lags run
-    past what a wait is worth the stream stops waiting, so a late device costs one wait of less than
-    a plain step per request. The wait is this design's one departure from a server that never
-    waits; the bench reports its seconds (docs/remote.md)."""
+    draft, for at most that long. Elsewhere (a GPU server's millisecond steps, a device a long RTT
+    away) waits run out with nothing usable, and after ``MISSES`` of them in a row the stream steps at
+    once for the rest of the request: a late device costs less than two plain steps per request. The
+    lags of the waits a draft ended are averaged, and the stream also stops waiting once that average comes within
+    ``MARGIN`` of the bound, where a wait gains little and the bound's estimates (the session's a_1
+    from a few verifies, V(k) from noisy timings) err either way. The wait is this design's one
+    departure from a server that never waits; the bench reports its seconds (docs/remote.md)."""
 
     ALPHA = 0.3  # weight of the newest lag
+    MISSES = 2  # waits in a row that ran out: the device is too late for this request
+    MARGIN = 0.8  # wait only while the average lag is below this share of the bound
 
     def __init__(self, budget: ProposalBudget) -> None:
         self.budget = budget
-        self.lag_s: float | None = None  # seconds from a wait's start to a draft worth verifying
+        self.lag_s: float | None = None  # seconds from a wait's start to a draft worth verifying, averaged
+        self.misses = 0  # waits in a row that ran out
 
     def wait(self, drafts: Drafts, ids: list[int], available: int, plan: SessionBudget) -> tuple[list[int], bool, float]:
         """What is usable after waiting up to the paying time for a draft of the length ``plan`` would
-        verify (nothing waited for where that is none), and the seconds waited."""
+        verify (nothing waited for where that is none, or while the device is too late), and the
+        seconds waited."""
         want, worth = self.budget.worth_waiting(plan.acceptance, available)
-        if worth <= 0 or self.lag_s is not None and self.lag_s >= worth:
+        if worth <= 0 or self.misses >= self.MISSES or self.lag_s is not None and self.lag_s >= self.MARGIN * worth:
             return [], False, 0.0
         start = time.monotonic()
         usable, forked = drafts.wait(ids, available, want, worth)
         waited = time.monotonic() - start
-        lag = waited if len(usable) >= want else max(waited, worth)  # short of it at the deadline: too late
-        self.lag_s = lag if self.lag_s is None else (1 - self.ALPHA) * self.lag_s + self.ALPHA * lag
+        if not usable:  # the deadline came first
+            self.misses += 1
+        else:  # the device answered (with fewer than ``want`` tokens where its line stopped growing)
+            self.misses = 0
+            self.lag_s = waited if self.lag_s is None else (1 - self.ALPHA) * self.lag_s + self.ALPHA * waited
         return usable, forked, waited
 
 
@@ -684,6 +693,9 @@ class Drafts:
     foresaw the correction, where the device would otherwise hear of it a round trip later. The
     decode loop takes the longest path that continues what it has emitted."""
 
+    ALPHA = 0.2  # weight of the newest interval between chunks
+    PAUSE = 2.0  # a chunk this many intervals late: the device's line has stopped growing
+
     def __init__(self, vocab_size: int, limit: int) -> None:
         self.vocab_size, self.limit = vocab_size, limit
         self.lock = threading.Lock()
@@ -691,6 +703,9 @@ class Drafts:
         self.start, self.paths = 0, [[]]  # paths[0]: the main line; the others: the forks, in full from start
         self.error: str | None = None  # a bad message: the stream ends with INVALID_ARGUMENT
         self.ended = False  # no more drafts will come
+        self.sent: tuple[int, int] = (-1, 0)  # the device's last draft as it sent it: (start, tokens)
+        self.put_at = 0.0  # when it came
+        self.chunk_s: float | None = None  # seconds between the drafts that lengthened one line, averaged
 
     def read(self, messages) -> None:
         try:
@@ -723,7 +738,12 @@ class Drafts:
             with self.changed:
                 self.changed.notify_all()
             return
+        now = time.monotonic()
         with self.changed:
+            if start == self.sent[0] and len(tokens) > self.sent[1]:  # the next chunk of the same line
+                gap = now - self.put_at
+                self.chunk_s = gap if self.chunk_s is None else (1 - self.ALPHA) * self.chunk_s + self.ALPHA * gap
+            self.sent, self.put_at = (start, len(tokens)), now
             self.start, self.paths = start, paths
             self.changed.notify_all()
 
@@ -736,15 +756,20 @@ class Drafts:
 
     def wait(self, ids: list[int], k: int, want: int, timeout: float) -> tuple[list[int], bool]:
         """:meth:`usable`, once it holds ``want`` tokens, or what it holds after ``timeout`` seconds
-        (or when the device's stream ends or turns out bad)."""
+        (or when the device's stream ends or turns out bad). Once something is usable the wait also
+        ends when the device's next chunk is ``PAUSE`` times later than its chunks come: its line
+        has stopped growing (it reached the end of a target token it cannot draft past, or the
+        device's limit), and what came is verified now rather than at the deadline."""
         deadline = time.monotonic() + timeout
         with self.changed:
             while True:
                 usable, forked = self._usable(ids, k)
-                left = deadline - time.monotonic()
-                if len(usable) >= want or left <= 0 or self.ended or self.error:
+                now, end = time.monotonic(), deadline
+                if usable and self.chunk_s is not None:
+                    end = min(end, self.put_at + self.PAUSE * self.chunk_s)
+                if len(usable) >= want or now >= end or self.ended or self.error:
                     return usable, forked
-                self.changed.wait(left)
+                self.changed.wait(end - now)
 
     def _usable(self, ids: list[int], k: int) -> tuple[list[int], bool]:
         offset = len(ids) - self.start
