@@ -12,13 +12,13 @@ from __future__ import annotations
 import threading
 import time
 
-from omnidraft.rpc.server import Drafts, Patience, ProposalBudget
+from omnidraft.rpc.server import Drafts, Patience, ProposalBudget, SessionBudget
 
 VOCAB, LIMIT = 100, 1000
 STEP = 0.2  # seconds of a plain step of a slow CPU target
 
 
-def budget_with(cost, acceptance: float, forwards: int = 40) -> tuple[ProposalBudget, object]:
+def budget_with(cost, acceptance: float, forwards: int = 40) -> tuple[ProposalBudget, SessionBudget]:
     """A server's budget whose forwards cost ``cost(k)`` and a session whose drafts keep each
     proposal with probability about ``acceptance`` (a deterministic stand-in: the expected count)."""
     budget = ProposalBudget()
