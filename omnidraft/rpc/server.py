@@ -196,14 +196,15 @@ class TargetService(services.TargetServicer):
                 room = r.max_new_tokens - new - 1  # proposals that fit: the last token is the target's
                 available = min(k_max, room)
                 usable, forked = drafts.usable(ids, available) if drafts is not None and room > 0 else ([], False)
-                waited = 0.0
-                if (not usable and forwards and drafts is not None and room > 0 and not rest
-                        and not (lookup and lookup.matches(available))):
-                    usable, forked, waited = patience.wait(drafts, ids, available, plan)  # the device's next draft may be near
+                waited, copied = 0.0, None  # copied: the server's lookup copy, once looked up this forward
+                if not usable and forwards and drafts is not None and room > 0 and not rest:
+                    copied = lookup.copy(available) if lookup is not None else []
+                    if not copied:  # the device's next draft may be near
+                        usable, forked, waited = patience.wait(drafts, ids, available, plan)
                 chooser = fork_plan if forked else plan
                 proposed = usable[: chooser.choose(len(usable))]
                 if not proposed and lookup is not None and room > 0:  # no paying draft from the device
-                    proposed = lookup.propose(available)
+                    proposed = lookup.propose(available, copied)
                     chooser = lookup.plan if proposed else chooser
                 logits, busy_s = self.batcher.score(session.target, ids + proposed, len(proposed))
                 logits = _readable(logits, config, r.logprobs_k)
@@ -673,12 +674,13 @@ class ServerLookup:
         self.index.reset(ids)
         self.plan = budget.session()
 
-    def matches(self, k: int) -> bool:
-        """Whether the context has a copy to propose now (before the plan decides whether it pays)."""
-        return bool(self.index.propose(k)[0])
+    def copy(self, k: int) -> list[int]:
+        """Up to ``k`` tokens the context would copy now (before the plan decides whether they pay)."""
+        return self.index.propose(k)[0]
 
-    def propose(self, k: int) -> list[int]:
-        copied, _ = self.index.propose(k)
+    def propose(self, k: int, copied: list[int] | None = None) -> list[int]:
+        """What of the copy (``copied``, where this forward already looked it up) the plan verifies."""
+        copied = self.copy(k) if copied is None else copied
         return copied[: self.plan.choose(len(copied))]
 
 
