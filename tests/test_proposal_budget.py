@@ -66,16 +66,31 @@ def test_the_device_may_rest_while_drafts_do_not_pay():
     for i in range(300):
         k = plan.choose(4 if not rests or not rests[-1] else 0)  # a resting device sends nothing
         plan.learn(k, 0, compute_bound(k), reads_prompt=i == 0)
-        rests.append(plan.rest(4))
+        rests.append(not plan.wants(4))
     assert sum(rests[20:]) > 0.9 * len(rests[20:])  # mostly resting
     woken = [i for i in range(21, 300) if rests[i - 1] and not rests[i]]
     assert woken  # asked for a draft again, for an exploration
     for i in range(400):  # the drafter got good (an adapter, text it knows): its explorations pay
         k = plan.choose(0 if rests[-1] else 4)
         plan.learn(k, k, compute_bound(k), reads_prompt=False)
-        rests.append(plan.rest(4))
+        rests.append(not plan.wants(4))
     assert plan.exploration.every == EXPLORE_EVERY  # no more backoff: the device is woken every 16 forwards
     assert sum(1 for i in range(301, 700) if rests[i - 1] and not rests[i]) >= 10
+
+
+def test_the_server_says_how_long_a_draft_it_would_verify():
+    """``wants``: k_max before any forward is timed (nothing known: the device drafts all it may),
+    then the budget's k, which is short where each verified row is dear and only a draft's first
+    token is ever right; the device drafts no further ahead than that and its lead."""
+    budget = ProposalBudget()
+    plan = budget.session()
+    assert plan.wants(6) == 6
+    wanted = []
+    for i in range(200):  # the first proposal kept, never a second
+        k = plan.choose(6)
+        plan.learn(k, min(k, 1), compute_bound(k), reads_prompt=i == 0)
+        wanted.append(plan.wants(6))
+    assert set(wanted[100:]) == {1}  # two tokens for 1.8 steps pays; a second row would not
 
 
 def test_a_verify_expected_to_win_less_than_the_minimum_gain_is_not_made():

@@ -276,6 +276,8 @@ def test_streaming_verification_gives_the_targets_own_output(paced_server, local
     assert accepted > 0 and forwards < tokens  # the device's drafts saved server forwards
     assert verified <= client.timely_forwards < forwards  # a forward verifies only a draft that had arrived
     assert client.waited_s > 0  # some forwards waited for the device's draft after a correction
+    # the server's plain steps, as the bench reports them: the paced forward's time, none of a prompt's first forward
+    assert client.plain_busy_s and min(client.plain_busy_s) >= 0.24 and len(client.plain_busy_s) <= forwards - len(PROMPTS)
     assert 0 < client.bytes_sent / tokens < 200  # token ids, never logit rows
     client.close()
 

@@ -15,7 +15,7 @@ import pytest
 
 from omnidraft.drafter.base import Draft
 from omnidraft.rpc.server import MAX_FORKS, Drafts
-from omnidraft.rpc.streaming import Device, _Fork, _Seed
+from omnidraft.rpc.streaming import AHEAD, Device, _Fork, _Seed
 from omnidraft.verify.proposal import Proposal
 
 VOCAB, LIMIT = 100, 1000
@@ -100,3 +100,16 @@ def test_a_line_that_drafts_nothing_more_is_drafted_again_once_per_text():
     d.ahead.append(4)
     assert d._retry() and d.ahead == []  # a new text: one more try
     assert not device([0] * 10, [])._retry()  # nothing drafted on the emitted text itself: wait for more of it
+
+
+def test_the_device_drafts_no_further_ahead_than_the_server_would_verify():
+    """Where the server verifies one token a forward, a line drafted ``k_max`` ahead is mostly thrown
+    away at the next correction: the device stops at what the server said it would verify plus its lead."""
+    d = device([0] * 10, list(range(1, 13)), k_max=8)
+    assert d.limit == 8 + AHEAD and d._line_due(idle=False)  # nothing said yet: all it may
+    assert d._hear(10, [1], rest=False, rest_forks=False, verify_k=1) is False
+    assert d.limit == 1 + AHEAD and len(d.ahead) == 11 and not d._line_due(idle=False)
+    d._hear(11, [2], rest=False, rest_forks=False, verify_k=0)  # a server that does not say: k_max
+    assert d.limit == 8 + AHEAD and d._line_due(idle=False)
+    d._hear(12, [3], rest=False, rest_forks=False, verify_k=50)  # never past k_max
+    assert d.limit == 8 + AHEAD

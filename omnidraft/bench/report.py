@@ -93,6 +93,10 @@ def write_results(out_dir: Path, meta: dict, summary: dict[str, dict]) -> list[P
         md += "\nServer forwards that began with a usable draft (streaming verification; in brackets, those that " + \
               "verified a fork of the draft, a correction the device foresaw): " + \
               ", ".join(f"`{m}` {share:.0%} ({summary[m].get('forked_forward_share') or 0:.0%})" for m, share in timely.items()) + "\n"
+        plain = {m: r["server_plain_step_ms"] for m, r in summary.items() if r.get("server_plain_step_ms")}
+        if len(plain) > 1:
+            md += "\nThe server's median plain step, as each mode saw it (where the device shares the server's host, " + \
+                  "its drafting slows the server's steps): " + ", ".join(f"`{m}` {ms:.1f} ms" for m, ms in plain.items()) + "\n"
         waits = {m: summary[m].get("server_wait_s") or 0.0 for m in timely}
         if any(waits.values()):
             md += "\nSeconds the server waited for the device's next draft (after a correction, where a wait pays): " + \

@@ -98,6 +98,7 @@ class PromptRun:
     forked_forwards: int = 0  # a server's stream forwards that verified a fork of the device's draft (a correction it foresaw)
     device_token_s: float | None = None  # a streaming device's drafter, seconds per token (its drafting is off the steps' clock)
     server_wait_s: float = 0.0  # a server's stream forwards' waits for the device's draft
+    server_plain_s: list[float] = field(default_factory=list)  # a server's time on each stream forward that verified nothing
 
     @property
     def tokens_per_s(self) -> float:
@@ -159,6 +160,8 @@ def summarize(runs: dict[str, list[PromptRun]], baseline: str | None = "target",
             "timely_forward_share": sum(r.timely_forwards for r in mode_runs) / forwards if forwards else None,
             "forked_forward_share": sum(r.forked_forwards for r in mode_runs) / forwards if forwards else None,
             "server_wait_s": sum(r.server_wait_s for r in mode_runs),
+            # the server's plain step as each mode saw it: on a host the device shares, its drafting slows the server
+            "server_plain_step_ms": 1000 * statistics.median(plain) if (plain := [s for r in mode_runs for s in r.server_plain_s]) else None,
             "steps": sum(r.steps for r in mode_runs),
             "branch_rows": sum(r.branch_rows for r in mode_runs),
             "branch_steps": sum(r.branch_steps for r in mode_runs),
@@ -222,6 +225,7 @@ def our_mode(decoder: SpeculativeDecoder, config: DecodeConfig) -> ModeFn:
         sent = getattr(decoder.target, "bytes_sent", 0) + getattr(decoder.target, "bytes_received", 0)
         timely, forked = getattr(decoder.target, "timely_forwards", 0), getattr(decoder.target, "forked_forwards", 0)
         waited = getattr(decoder.target, "waited_s", 0.0)
+        plain = len(getattr(decoder.target, "plain_busy_s", ()))
         token_ids, times, start = [], [], time.perf_counter()
         for chunk in decoder.stream_ids(prompt_ids, config):
             now = time.perf_counter() - start
@@ -237,7 +241,8 @@ def our_mode(decoder: SpeculativeDecoder, config: DecodeConfig) -> ModeFn:
                          s.steps, s.plain_steps, wire, s.lookup_steps, s.lookup_proposed, s.lookup_accepted, times,
                          getattr(decoder.target, "timely_forwards", 0) - timely, s.branch_rows, s.branch_steps,
                          getattr(decoder.target, "forked_forwards", 0) - forked, device_token_s(decoder),
-                         getattr(decoder.target, "waited_s", 0.0) - waited)
+                         getattr(decoder.target, "waited_s", 0.0) - waited,
+                         list(getattr(decoder.target, "plain_busy_s", ())[plain:]))
 
     run.decoder = decoder  # what the draft policy measured and chose, for the report
     return run

@@ -90,6 +90,7 @@ class RemoteTarget:
         self.timely_forwards = 0  # stream forwards that began with a usable draft (verified or not)
         self.forked_forwards = 0  # stream forwards that verified a fork of the device's draft (a correction it foresaw)
         self.waited_s = 0.0  # seconds stream forwards waited on the server for the device's draft
+        self.plain_busy_s: list[float] = []  # the server's time on each stream forward that verified nothing (not a prompt's)
         self.fork_messages = 0  # drafts sent up with forks (the device forks its line in the time it would wait)
         self.pace = Pace()  # the server's forwards and the device's drafter, timed across requests
         info = self._call(self.stub.Info, pb.InfoRequest())

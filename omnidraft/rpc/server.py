@@ -72,6 +72,7 @@ class Session:
     columns_sha256: str = ""
     last_used: float = field(default_factory=time.monotonic)
     decoding: bool = False  # a Generate or Decode stream is writing it: other calls on it are refused
+    plans: StreamPlans | None = None  # its streams' budgets, kept for its next request (None: no stream yet)
 
 
 class Refused(Exception):
@@ -185,9 +186,11 @@ class TargetService(services.TargetServicer):
         session.ids, new = ids, 0
         # the line's acceptance and the forks' apart: a fork goes on from the drafter's runner-up, where it was
         # less sure, and its drafts are kept less often; mixed in, they would shorten the line's verifies
-        plan, fork_plan, forwards = self.budget.session(), self.budget.session(FORK_PRIOR), 0
-        patience, rest = Patience(self.budget), False
-        lookup = ServerLookup(self.budget, ids, self.special_ids) if r.lookup else None
+        plans = session.plans = session.plans or StreamPlans.fresh(self.budget)
+        plan, fork_plan, patience = plans.line, plans.forks, plans.patience
+        patience.begin()
+        lookup = ServerLookup(plans.lookup, ids, self.special_ids) if r.lookup else None
+        forwards, rest = 0, False
         self.batcher.join()
         try:
             while new < r.max_new_tokens and context.is_active():
@@ -212,15 +215,16 @@ class TargetService(services.TargetServicer):
                                        step_generator(config.seed, len(ids)))
                 busy_ms = busy_s * 1000
                 chooser.learn(len(proposed), accepted, busy_s, reads_prompt=not forwards)
-                rest = drafts is not None and plan.rest(k_max)
-                rest_forks = drafts is not None and fork_plan.rest(k_max)
+                verify_k = plan.wants(k_max) if drafts is not None else 0
+                rest = drafts is not None and not verify_k
+                rest_forks = drafts is not None and not fork_plan.wants(k_max)
                 forwards += 1
                 emitted, done = cut(proposed[:accepted] + [nxt], self.base.eos_ids, r.max_new_tokens - new)
                 reply = pb.Emitted(position=len(ids), tokens=emitted, proposed=proposed,
                                    accepted=min(accepted, len(emitted)), done=done, busy_ms=busy_ms,
                                    usable=len(usable), rest=rest, server_lookup=lookup is not None and chooser is lookup.plan,
                                    forked=chooser is fork_plan and bool(proposed), rest_forks=rest_forks,
-                                   waited_ms=waited * 1000)
+                                   waited_ms=waited * 1000, verify_k=verify_k)
                 if r.logprobs_k:
                     reply.rows.extend(_rows(logits[: len(emitted)], emitted, columns, r.logprobs_k))
                 ids.extend(emitted)
@@ -606,13 +610,15 @@ class SessionBudget:
             return 0
         return self.exploration.choose(k, lambda room: self.budget.explore_one(available, room))
 
-    def rest(self, k_max: int) -> bool:
-        """Whether the device may stop drafting: a full draft would not be verified now, and no
-        exploration is due (then the device drafts again, and the exploration waits for its draft)."""
+    def wants(self, k_max: int) -> int:
+        """The longest draft the next forward would verify: the budget's k for a full draft of
+        ``k_max``; where that is none, 1 if an exploration is due (the device drafts again, and the
+        exploration waits for its draft), else 0: the device may stop drafting. ``k_max`` before any
+        forward is timed."""
         k = self.budget.best(self.acceptance, k_max)
-        if k is None or k:
-            return False
-        return not (self.exploration.due and self.budget.explore_one(k_max, self.exploration.room))
+        if k is None:
+            return k_max
+        return k or int(self.exploration.due and bool(self.budget.explore_one(k_max, self.exploration.room)))
 
     def learn(self, k: int, accepted: int, seconds: float, reads_prompt: bool) -> None:
         """Fold one forward in; ``reads_prompt``: it also read the context, so its time is no step's."""
@@ -645,6 +651,10 @@ class Patience:
         self.lag_s: float | None = None  # seconds from a wait's start to a draft worth verifying, averaged
         self.misses = 0  # waits in a row that ran out
 
+    def begin(self) -> None:
+        """A new request of the session: the device may be on time again (its lag carries over)."""
+        self.misses = 0
+
     def wait(self, drafts: Drafts, ids: list[int], available: int, plan: SessionBudget) -> tuple[list[int], bool, float]:
         """What is usable after waiting up to the paying time for a draft of the length ``plan`` would
         verify (nothing waited for where that is none, or while the device is too late), and the
@@ -663,16 +673,34 @@ class Patience:
         return usable, forked, waited
 
 
+@dataclass
+class StreamPlans:
+    """One session's budgets, kept across its requests: its device's line and forks, the server's own
+    lookup, and the wait's patience. A request starts from the acceptance and the exploration budget
+    the session's last one left, as the device's own policy does across requests; with a fresh even
+    prior each request re-learned that a weak drafter does not pay with the verifies that lost, a few
+    per request on a target whose verified rows are dear (llama.cpp on a CPU)."""
+
+    line: SessionBudget
+    forks: SessionBudget
+    lookup: SessionBudget
+    patience: Patience
+
+    @classmethod
+    def fresh(cls, budget: ProposalBudget) -> StreamPlans:
+        return cls(budget.session(), budget.session(FORK_PRIOR), budget.session(), Patience(budget))
+
+
 class ServerLookup:
     """Prompt lookup on the server (:class:`~omnidraft.sources.lookup.LookupIndex` over the stream's
     context): drafts for the forwards the device's drafts miss, with no round trip and nothing to
     send, as llama.cpp's server does with lookup decoding. Its acceptance and explorations are its
     own (a :class:`SessionBudget`); the forward times are the server's."""
 
-    def __init__(self, budget: ProposalBudget, ids: list[int], stops: frozenset[int]) -> None:
+    def __init__(self, plan: SessionBudget, ids: list[int], stops: frozenset[int]) -> None:
         self.index = LookupIndex(stops=stops)
         self.index.reset(ids)
-        self.plan = budget.session()
+        self.plan = plan
 
     def copy(self, k: int) -> list[int]:
         """Up to ``k`` tokens the context would copy now (before the plan decides whether they pay)."""

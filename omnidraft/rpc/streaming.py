@@ -57,7 +57,7 @@ if TYPE_CHECKING:
     from omnidraft.target.base import RowRequest
 
 CHUNK = 2  # tokens a source drafts per message: small, so each reaches the server soon
-AHEAD = 8  # the device drafts up to max_proposals + this many tokens past what it has seen
+AHEAD = 8  # the device drafts up to the draft the server would verify + this many tokens past what it has seen
 FORK_DEPTH = 6  # drafter tokens a fork goes on past the runner-up it starts from
 FORKS_KEPT = 8  # forks the device keeps at once (the nearest positions: the likeliest corrections)
 READ_PIECE = 32  # drafter tokens of a long context read at a time: a stream that ends waits for one piece
@@ -153,7 +153,10 @@ class Device(threading.Thread):
     """The device's drafting thread for one stream: it owns the draft sources while the stream lasts.
 
     It learns what the server emitted from :meth:`emitted` (called by the reader of the stream) and
-    drafts whenever it is not ``AHEAD`` tokens beyond that, one chunk at a time. With forks on
+    drafts whenever it is not ``AHEAD`` tokens beyond that and the draft the server said it would
+    verify, one chunk at a time: where the server verifies one token a forward, drafting a full
+    ``k_max`` ahead would be thrown away at each correction (the device's battery, and on a host it
+    shares, the server's time). With forks on
     (``--branch-rows N``), in the time it would otherwise wait it forks its line where the target may
     correct it: the drafter's runner-up at a drafted position (right about 0.4 of the times its first
     choice is not), drafted up to ``FORK_DEPTH`` tokens on. That is a token tree's branches (SpecInfer
@@ -170,14 +173,16 @@ class Device(threading.Thread):
         self.updates: queue.SimpleQueue = queue.SimpleQueue()
         self.source_at: dict[int, str] = {}  # position -> the source that drafted the token sent there
         self.error: BaseException | None = None
-        self.limit = request.k_max + AHEAD
+        self.limit = request.k_max + AHEAD  # until the server says how long a draft it would verify
         self.resting = False  # the server said drafts do not pay now: draft nothing until it says otherwise
         self.forks_resting = False  # the server said forks do not pay now: fork nothing until it says otherwise
         self.forks_taken = 0  # corrections a fork had foreseen
         self.retried_at = -1  # the text length at which the line was last drafted again from the text
 
-    def emitted(self, position: int, tokens: list[int], rest: bool = False, rest_forks: bool = False) -> None:
-        self.updates.put((position, tokens, rest, rest_forks))
+    def emitted(self, position: int, tokens: list[int], rest: bool = False, rest_forks: bool = False,
+                verify_k: int = 0) -> None:
+        """A forward's tokens, and what the server said with them (``verify_k`` 0: nothing said)."""
+        self.updates.put((position, tokens, rest, rest_forks, verify_k))
 
     def stop(self) -> None:
         self.updates.put(STOP)
@@ -200,8 +205,7 @@ class Device(threading.Thread):
                     break
                 if update is STOP:
                     return
-                position, tokens, self.resting, self.forks_resting = update
-                rewind |= self._follow(position, tokens)
+                rewind |= self._hear(*update)
                 idle = block = False
             if self.resting:
                 continue
@@ -215,6 +219,12 @@ class Device(threading.Thread):
                     idle = not rewind
             elif (work := self._fork_work()) is not None:
                 self._fork(work)
+
+    def _hear(self, position: int, tokens: list[int], rest: bool, rest_forks: bool, verify_k: int) -> bool:
+        """Take one forward's message (:meth:`emitted`); True: the sources must begin again."""
+        self.resting, self.forks_resting = rest, rest_forks
+        self.limit = min(verify_k or self.request.k_max, self.request.k_max) + AHEAD
+        return self._follow(position, tokens)
 
     def _retry(self) -> bool:
         """After a chunk that drafted nothing: whether to draft the line again from the emitted text.
@@ -455,6 +465,7 @@ class StreamRequest:
         return any(s.name != ContextLookup.name if s.free else not self.pace.too_slow for s in self.sources)
 
     def _read(self, ids: list[int], inbox: queue.SimpleQueue, device: Device | None) -> Iterator[StepResult]:
+        prompt = len(ids)  # the first forward reads the context too: its time is no plain step's
         while True:
             try:
                 item = inbox.get(timeout=self.remote.deadline_s)
@@ -475,11 +486,13 @@ class StreamRequest:
                                      f"expected {len(ids)}")
             tokens, proposed = list(message.tokens), list(message.proposed)
             if device is not None:
-                device.emitted(message.position, tokens, message.rest, message.rest_forks)
+                device.emitted(message.position, tokens, message.rest, message.rest_forks, message.verify_k)
             self.remote.server_ids = ids + tokens
             self.remote.timely_forwards += message.usable > 0
             self.remote.forked_forwards += message.forked
             self.remote.waited_s += message.waited_ms / 1000
+            if not proposed and message.position > prompt:
+                self.remote.plain_busy_s.append(message.busy_ms / 1000)
             self.emitted += len(tokens)
             source = (SERVER_LOOKUP if message.server_lookup else DRAFTER if message.forked else
                       device.source_at.get(message.position, DRAFTER) if device is not None else None) if proposed else None
