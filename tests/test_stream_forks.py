@@ -111,5 +111,6 @@ def test_the_device_drafts_no_further_ahead_than_the_server_would_verify():
     assert d.limit == 1 + AHEAD and len(d.ahead) == 11 and not d._line_due(idle=False)
     d._hear(11, [2], rest=False, rest_forks=False, verify_k=0)  # a server that does not say: k_max
     assert d.limit == 8 + AHEAD and d._line_due(idle=False)
-    d._hear(12, [3], rest=False, rest_forks=False, verify_k=50)  # never past k_max
-    assert d.limit == 8 + AHEAD
+    for position, nonsense in ((12, 50), (13, -3)):  # never past k_max, never under nothing
+        d._hear(position, [3 + position - 12], rest=False, rest_forks=False, verify_k=nonsense)
+        assert d.limit == 8 + AHEAD

@@ -223,7 +223,8 @@ class Device(threading.Thread):
     def _hear(self, position: int, tokens: list[int], rest: bool, rest_forks: bool, verify_k: int) -> bool:
         """Take one forward's message (:meth:`emitted`); True: the sources must begin again."""
         self.resting, self.forks_resting = rest, rest_forks
-        self.limit = min(verify_k or self.request.k_max, self.request.k_max) + AHEAD
+        k_max = self.request.k_max
+        self.limit = (verify_k if 0 < verify_k < k_max else k_max) + AHEAD  # 0 (or nonsense): not said
         return self._follow(position, tokens)
 
     def _retry(self) -> bool:
