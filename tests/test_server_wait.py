@@ -134,3 +134,38 @@ def test_a_device_that_answers_in_time_keeps_being_waited_for():
         usable, _, waited = patience.wait(drafts, ids, 8, plan)
         timer.join()
         assert usable and 0 < waited < STEP
+
+
+def test_a_device_whose_drafts_come_too_late_rests_and_is_tried_again_less_often():
+    """A draft usable one forward in ten, where a verify gains 7%: drafting pays 0.7% over plain steps,
+    under the 2% worth drafting for, so the device rests; each try that is still late rests it twice
+    as long. A device on time is never rested, whatever its gain."""
+    from omnidraft.rpc.server import Lateness
+
+    late = Lateness()
+    rests, forwards = [], 0
+    while len(rests) < 3:
+        was = late.resting
+        late.forward(usable=forwards % 10 == 0, gain=1.07)
+        forwards += 1
+        if late.resting and not was:
+            rests.append(late.rest_left)
+    assert rests == [Lateness.FIRST, 2 * Lateness.FIRST, 4 * Lateness.FIRST]
+    assert forwards < 3 * 10 + 16 + 32 + 3 * 10  # each try noticed within a few forwards
+    on_time = Lateness()
+    for i in range(500):
+        on_time.forward(usable=i % 4 != 0, gain=1.3)  # three forwards in four: 22% over plain steps
+    assert not on_time.resting and on_time.backoff == Lateness.FIRST
+
+
+def test_while_the_device_is_late_the_server_asks_for_no_draft():
+    """``wants`` is 0 while the device rests for lateness, though a draft that arrives is still verified."""
+    budget, plan = budget_with(lambda k: STEP, acceptance=0.8)
+    assert plan.wants(8) > 0
+    for _ in range(20):
+        plan.heard(drafting=True, usable=False, k_max=8)
+    assert plan.lateness.resting and plan.wants(8) == 0
+    assert plan.choose(4) > 0  # a draft at hand is verified all the same
+    for _ in range(plan.lateness.rest_left):
+        plan.heard(drafting=False, usable=False, k_max=8)
+    assert not plan.lateness.resting and plan.wants(8) > 0

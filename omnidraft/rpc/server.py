@@ -40,7 +40,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from omnidraft.console import notice
-from omnidraft.costs import DRAFT_MIN_GAIN, AcceptanceStats, VerifyCosts, best_draft_length
+from omnidraft.costs import DRAFT_MIN_GAIN, AcceptanceStats, VerifyCosts, best_draft_length, expected_tokens
 from omnidraft.errors import OmnidraftError
 from omnidraft.rpc import prefix_digest
 from omnidraft.rpc.proto import SERVICE_NAME, pb, services
@@ -190,7 +190,7 @@ class TargetService(services.TargetServicer):
         plan, fork_plan, patience = plans.line, plans.forks, plans.patience
         patience.begin()
         lookup = ServerLookup(plans.lookup, ids, self.special_ids) if r.lookup else None
-        forwards, rest = 0, False
+        forwards, rest, awake_at = 0, False, 0.0  # the device drafts from the stream's start
         self.batcher.join()
         try:
             while new < r.max_new_tokens and context.is_active():
@@ -204,6 +204,9 @@ class TargetService(services.TargetServicer):
                     copied = lookup.copy(available) if lookup is not None else []
                     if not copied:  # the device's next draft may be near
                         usable, forked, waited = patience.wait(drafts, ids, available, plan)
+                if drafts is not None and room > 0:  # the device drafted if told to and it has sent since
+                    # (a forward the server's own lookup serves needs no draft: it says nothing of the device's timing)
+                    plan.heard(not rest and drafts.put_at > awake_at and not copied, bool(usable), available)
                 chooser = fork_plan if forked else plan
                 proposed = usable[: chooser.choose(len(usable))]
                 if not proposed and lookup is not None and room > 0:  # no paying draft from the device
@@ -216,6 +219,8 @@ class TargetService(services.TargetServicer):
                 busy_ms = busy_s * 1000
                 chooser.learn(len(proposed), accepted, busy_s, reads_prompt=not forwards)
                 verify_k = plan.wants(k_max) if drafts is not None else 0
+                if rest and verify_k:  # woken: its drafts count once it has sent one after this
+                    awake_at = time.monotonic()
                 rest = drafts is not None and not verify_k
                 rest_forks = drafts is not None and not fork_plan.wants(k_max)
                 forwards += 1
@@ -547,6 +552,12 @@ class ProposalBudget:
             rates = acceptance if isinstance(acceptance, float) else acceptance.rates(available)
             return best_draft_length(rates, 0.0, cost, available, DRAFT_MIN_GAIN)
 
+    def gain(self, acceptance: AcceptanceStats, k: int) -> float:
+        """A verify of k drafted tokens' tokens per second of server time over a plain step's: E(k) V(0) / V(k)."""
+        with self.lock:
+            cost = self._cost()
+            return 1.0 if cost is None or not k else expected_tokens(acceptance.rates(k), k) * cost(0) / cost(k)
+
     def observe(self, k: int, seconds: float) -> None:
         with self.lock:
             if self.costs is None:
@@ -600,6 +611,7 @@ class SessionBudget:
         self.budget = budget
         self.acceptance = AcceptanceStats(prior_mean=prior_mean, decay=0.98)
         self.exploration = Exploration()
+        self.lateness = Lateness()
 
     def choose(self, available: int) -> int:
         if not available:
@@ -612,13 +624,21 @@ class SessionBudget:
 
     def wants(self, k_max: int) -> int:
         """The longest draft the next forward would verify: the budget's k for a full draft of
-        ``k_max``; where that is none, 1 if an exploration is due (the device drafts again, and the
-        exploration waits for its draft), else 0: the device may stop drafting. ``k_max`` before any
-        forward is timed."""
+        ``k_max`` (0 while the device's drafts come too late to pay: :class:`Lateness`); where that is
+        none, 1 if an exploration is due (the device drafts again, and the exploration waits for its
+        draft), else 0: the device may stop drafting. ``k_max`` before any forward is timed."""
         k = self.budget.best(self.acceptance, k_max)
         if k is None:
             return k_max
-        return k or int(self.exploration.due and bool(self.budget.explore_one(k_max, self.exploration.room)))
+        if k:
+            return 0 if self.lateness.resting else k
+        return int(self.exploration.due and bool(self.budget.explore_one(k_max, self.exploration.room)))
+
+    def heard(self, drafting: bool, usable: bool, k_max: int) -> None:
+        """Each forward of a Decode stream: whether the device was drafting (told to, and it had sent a
+        draft since) and whether a draft of it was usable; see :class:`Lateness`."""
+        k = self.budget.best(self.acceptance, k_max) if drafting else None
+        self.lateness.forward(usable, self.budget.gain(self.acceptance, k) if k else None)
 
     def learn(self, k: int, accepted: int, seconds: float, reads_prompt: bool) -> None:
         """Fold one forward in; ``reads_prompt``: it also read the context, so its time is no step's."""
@@ -627,6 +647,51 @@ class SessionBudget:
             if k:
                 self.exploration.settle(self.budget.lost_steps(accepted, seconds))
         self.acceptance.update(k, accepted)
+
+
+class Lateness:
+    """Whether the device's drafts reach the server in time to pay for the drafting.
+
+    A draft is usable only if it arrives before the server has emitted past its start, or guessed
+    what it emitted meanwhile. After each correction the device hears of it a round trip later,
+    reads, drafts and sends, while the server goes on; where that takes a few of the server's
+    forwards (a fast target, a long RTT) few drafts are usable. Drafting then pays the server
+    ``timely x (gain - 1)`` over plain steps: the share of forwards that found a usable draft times
+    what a verify gains (:meth:`ProposalBudget.gain`). Where that is under the least gain worth
+    drafting for (``DRAFT_MIN_GAIN``), the device rests for ``backoff`` forwards and is then tried
+    again; each try that is still late doubles the rest (up to ``MAX``), and one that stays timely for
+    ``FIRST`` forwards resets it. A device drafting continuously for a draft used one forward in ten
+    spends its battery (and on a host it shares with the server, the server's time) for little."""
+
+    ALPHA = 0.2  # weight of the newest forward in the timely share
+    FIRST = 16  # forwards of the first rest, and of a try that clears the device
+    MAX = 256
+
+    def __init__(self) -> None:
+        self.timely = 1.0  # share of forwards while the device drafted that found a usable draft (from an optimistic start)
+        self.rest_left = 0  # forwards the device rests for, before it is tried again
+        self.backoff = self.FIRST
+        self.tried = 0  # forwards observed since the device was last tried
+
+    @property
+    def resting(self) -> bool:
+        return self.rest_left > 0
+
+    def forward(self, usable: bool, gain: float | None) -> None:
+        """One forward: ``gain`` is the verify's (None: the device was not drafting, or no draft would
+        be verified, so nothing is learned about its timing)."""
+        if self.rest_left:
+            self.rest_left -= 1
+            return
+        if gain is None:
+            return
+        self.timely = (1 - self.ALPHA) * self.timely + self.ALPHA * usable
+        self.tried += 1
+        if self.timely * (gain - 1) < DRAFT_MIN_GAIN - 1:  # late: rest, then try again afresh
+            self.rest_left, self.backoff = self.backoff, min(2 * self.backoff, self.MAX)
+            self.timely, self.tried = 1.0, 0
+        elif self.tried >= self.FIRST:  # on time: a later lateness rests it briefly again
+            self.backoff = self.FIRST
 
 
 class Patience:
